@@ -1,0 +1,21 @@
+"""encoder-cache: vLLM's encoder-cache bookkeeping, in Rust.
+
+``EncoderCacheManager`` and ``EncoderDecoderCacheManager`` are drop-in
+replacements for vLLM 0.33's classes of the same names (same methods, same
+readable state, same semantics), implemented in Rust. ``encoder_cache.reference``
+holds the pure-Python implementation they are checked and measured against.
+"""
+
+from encoder_cache._core import EncoderCacheManager, EncoderDecoderCacheManager
+from encoder_cache.budget import SchedulerConfig, compute_mm_encoder_budget
+from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
+
+__all__ = [
+    "EncoderCacheManager",
+    "EncoderDecoderCacheManager",
+    "MultiModalFeature",
+    "PlaceholderRange",
+    "Request",
+    "SchedulerConfig",
+    "compute_mm_encoder_budget",
+]

@@ -1,0 +1,419 @@
+"""Pure-Python encoder-cache managers: the baseline the Rust one is measured
+and checked against.
+
+``EncoderCacheManager`` here has the same API, semantics and errors as the Rust
+``encoder_cache.EncoderCacheManager`` (vLLM 0.33's behaviour plus input
+validation). Two earlier behaviours are kept as small variants for comparison:
+
+- ``PreFixEncoderCacheManager``: a request's reference is dropped at the
+  *first* freed occurrence of an item, so an item the request still needs can
+  be evicted and encoded again (the bug vLLM PR #54284 fixed);
+- ``AnyScanEncoderCacheManager``: the PR's fix as first written, scanning the
+  request's remaining inputs on every free (O(k) per free, O(k^2) per request).
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+#: Called when an item's embedding count disagrees with the cache or with an
+#: earlier item of the same step: ``(request, input_id, identifier, cached, requested)``.
+MismatchCallback = Callable[[Any, int, str, int, int], Any]
+StepResult = tuple[list[int], int, int, list[int], list[int]]
+
+__all__ = [
+    "AnyScanEncoderCacheManager",
+    "EncoderCacheManager",
+    "EncoderDecoderCacheManager",
+    "PreFixEncoderCacheManager",
+]
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, got {value}")
+    return value
+
+
+def _index(input_id: Any) -> int:
+    input_id = operator.index(input_id)
+    if input_id < 0:
+        raise IndexError(f"input_id must be >= 0, got {input_id}")
+    return input_id
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be str, not {type(value).__name__}")
+    return value
+
+
+def _identifier(request: Any, input_id: int) -> str:
+    features = request.mm_features
+    if isinstance(features, list) and input_id >= len(features):
+        raise IndexError(f"input_id {input_id} out of range: the request has {len(features)} multimodal items")
+    return _str(features[input_id].identifier, "mm_features[i].identifier")
+
+
+def _request_id(request: Any) -> str:
+    return _str(request.request_id, "request.request_id")
+
+
+def _num_embeds(request: Any, input_id: int) -> int:
+    return _count(request.get_num_encoder_embeds(input_id), "request.get_num_encoder_embeds()")
+
+
+class EncoderCacheManager:
+    """vLLM 0.33's encoder-cache bookkeeping in plain Python (all state is live)."""
+
+    is_encoder_decoder = False
+
+    @classmethod
+    def create_manager(cls, *, cache_size: int, vllm_config: Any = None) -> EncoderCacheManager:
+        return cls(cache_size)
+
+    def __init__(self, cache_size: int) -> None:
+        self.cache_size = _count(cache_size, "cache_size")
+        self.num_free_slots = self.cache_size
+        self.num_freeable_slots = self.cache_size
+        self.cached: dict[str, set[str]] = {}
+        self.num_embeds_by_hash: dict[str, int] = {}
+        self.request_cached_ids: dict[str, set[int]] = {}
+        self.request_hash_refs: dict[str, dict[str, int]] = {}
+        self.freeable: OrderedDict[str, int] = OrderedDict()
+        self.freed: list[str] = []
+
+    def reset(self) -> None:
+        self.cached.clear()
+        self.num_embeds_by_hash.clear()
+        self.request_cached_ids.clear()
+        self.request_hash_refs.clear()
+        self.freeable.clear()
+        self.freed.clear()
+        self.num_free_slots = self.cache_size
+        self.num_freeable_slots = self.cache_size
+
+    def check_and_update_cache(self, request: Any, input_id: int) -> bool:
+        input_id = _index(input_id)
+        mm_hash = _identifier(request, input_id)
+        request_id = _request_id(request)
+        referrers = self.cached.get(mm_hash)
+        if referrers is None:
+            return False
+        if not referrers:
+            self.num_freeable_slots -= self.freeable.pop(mm_hash)
+        referrers.add(request_id)
+        self._hold(request_id, input_id, mm_hash)
+        return True
+
+    def get_cached_num_encoder_embeds(self, request: Any, input_id: int) -> int | None:
+        return self.num_embeds_by_hash.get(_identifier(request, _index(input_id)))
+
+    def can_allocate(
+        self, request: Any, input_id: int, encoder_compute_budget: int, num_embeds_to_schedule: int
+    ) -> bool:
+        num_embeds = _num_embeds(request, _index(input_id))
+        if num_embeds > operator.index(encoder_compute_budget):
+            return False
+        num_embeds += operator.index(num_embeds_to_schedule)
+        if num_embeds <= self.num_free_slots:
+            return True
+        if num_embeds > self.num_freeable_slots:
+            return False
+        while num_embeds > self.num_free_slots:
+            mm_hash, size = self.freeable.popitem(last=False)
+            del self.cached[mm_hash]
+            del self.num_embeds_by_hash[mm_hash]
+            self.freed.append(mm_hash)
+            self.num_free_slots += size
+        return True
+
+    def allocate(self, request: Any, input_id: int) -> None:
+        input_id = _index(input_id)
+        mm_hash = _identifier(request, input_id)
+        request_id = _request_id(request)
+        num_embeds = _num_embeds(request, input_id)
+        cached_embeds = self.num_embeds_by_hash.get(mm_hash)
+        if cached_embeds is not None and cached_embeds != num_embeds:
+            raise ValueError(
+                f"item {mm_hash!r} is cached with {cached_embeds} embeddings but the request gives {num_embeds}"
+            )
+        if cached_embeds is not None:
+            raise ValueError(
+                f"item {mm_hash!r} is already cached; take the hit with check_and_update_cache "
+                "instead of allocating it again"
+            )
+        if num_embeds > self.num_free_slots:
+            raise ValueError(
+                f"cannot allocate {num_embeds} embeddings for item {mm_hash!r}: {self.num_free_slots} slots free, "
+                f"{self.num_freeable_slots} reclaimable; call can_allocate first so it can evict"
+            )
+        self.cached[mm_hash] = {request_id}
+        self.num_embeds_by_hash[mm_hash] = num_embeds
+        self._hold(request_id, input_id, mm_hash)
+        self.num_free_slots -= num_embeds
+        self.num_freeable_slots -= num_embeds
+
+    def _hold(self, request_id: str, input_id: int, mm_hash: str) -> None:
+        held = self.request_cached_ids.setdefault(request_id, set())
+        if input_id in held:
+            return
+        held.add(input_id)
+        counts = self.request_hash_refs.setdefault(request_id, {})
+        counts[mm_hash] = counts.get(mm_hash, 0) + 1
+
+    def get_cached_input_ids(self, request: Any) -> set[int]:
+        return set(self.request_cached_ids.get(_request_id(request), ()))
+
+    def free_encoder_input(self, request: Any, input_id: int) -> None:
+        input_id = _index(input_id)
+        request_id = _request_id(request)
+        mm_hash = _identifier(request, input_id)
+        held = self.request_cached_ids.get(request_id)
+        if held is None or input_id not in held:
+            return
+        held.remove(input_id)
+        if self._last_occurrence(request, request_id, mm_hash):
+            self._release(request_id, mm_hash)
+        if not held:
+            del self.request_cached_ids[request_id]
+            self.request_hash_refs.pop(request_id, None)
+
+    def _last_occurrence(self, request: Any, request_id: str, mm_hash: str) -> bool:
+        """Count one occurrence off; true when the request holds no other."""
+        counts = self.request_hash_refs[request_id]
+        counts[mm_hash] -= 1
+        if counts[mm_hash]:
+            return False
+        del counts[mm_hash]
+        return True
+
+    def _release(self, request_id: str, mm_hash: str) -> None:
+        referrers = self.cached.get(mm_hash)
+        if not referrers or request_id not in referrers:
+            return
+        referrers.remove(request_id)
+        if not referrers:
+            size = self.num_embeds_by_hash[mm_hash]
+            self.freeable[mm_hash] = size
+            self.num_freeable_slots += size
+
+    def free(self, request: Any) -> None:
+        # Ascending input order, as the Rust manager walks them.
+        for input_id in sorted(self.request_cached_ids.get(_request_id(request), ())):
+            self.free_encoder_input(request, input_id)
+
+    def get_freed_mm_hashes(self) -> list[str]:
+        freed = [mm_hash for mm_hash in self.freed if mm_hash not in self.cached]
+        self.freed = []
+        return freed
+
+    def get_manager_metadata(self) -> None:
+        return None
+
+    # Step-level API: vLLM 0.33's Scheduler._try_schedule_encoder_inputs,
+    # _allocate_encoder_inputs and _free_encoder_inputs, as calls on the manager.
+
+    def try_schedule_encoder_inputs(
+        self,
+        request: Any,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        encoder_compute_budget: int,
+        shift_computed_tokens: int = 0,
+        *,
+        disable_chunked_mm_input: bool = False,
+        has_remote_item: Callable[[str], bool] | None = None,
+        on_mismatch: MismatchCallback | None = None,
+    ) -> StepResult:
+        """Choose the request's items to encode for tokens
+        ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``.
+
+        Returns ``(to_encode, num_new_tokens, encoder_compute_budget,
+        load_from_remote, repeated_in_step)``, exactly as vLLM's scheduler
+        computes them, and leaves the cache as vLLM's loop leaves it (hits
+        taken, entries evicted to make room). A cache-size disagreement on an
+        identifier rejects the request for this step: ``on_mismatch`` is told
+        and ``([], 0, encoder_compute_budget, [], [])`` comes back.
+        """
+        features = request.mm_features
+        if num_new_tokens == 0 or not features:
+            return [], num_new_tokens, encoder_compute_budget, [], []
+        enc_dec = self.is_encoder_decoder
+        to_encode: list[int] = []
+        from_remote: list[int] = []
+        repeated: list[int] = []
+        sizes_this_step: dict[str, int] = {}
+        embeds_this_step = 0
+        window_end = num_computed_tokens + num_new_tokens + shift_computed_tokens
+        lo = 0 if enc_dec else bisect.bisect_left(
+            features, num_computed_tokens + 1, key=lambda f: f.mm_position.offset + f.mm_position.length
+        )
+        hi = bisect.bisect_left(features, window_end, key=lambda f: f.mm_position.offset)
+        for i in range(lo, hi):
+            feature = features[i]
+            position = feature.mm_position
+            start, length = position.offset, position.length
+            num_embeds = position.get_num_embeds()
+            identifier = feature.identifier
+            if enc_dec and num_computed_tokens > 0:
+                if start != 0:
+                    raise ValueError("encoder-decoder inputs must start at position 0")
+                continue  # encoded before the first decoder token
+            if (
+                disable_chunked_mm_input
+                and not enc_dec
+                and num_computed_tokens <= start
+                and num_computed_tokens + num_new_tokens < start + length
+            ):
+                # Never split an item: stop before it, the drafter shift included.
+                num_new_tokens = max(0, start - (num_computed_tokens + shift_computed_tokens))
+                break
+            if not enc_dec:
+                known = sizes_this_step.get(identifier)
+                if known is None:
+                    known = self.get_cached_num_encoder_embeds(request, i)
+                    if known is not None and known != num_embeds:
+                        return self._reject(on_mismatch, request, i, identifier, known, num_embeds, encoder_compute_budget)
+                elif known != num_embeds:
+                    return self._reject(on_mismatch, request, i, identifier, known, num_embeds, encoder_compute_budget)
+                else:
+                    repeated.append(i)
+                    continue
+                if self.check_and_update_cache(request, i):
+                    continue
+            if not self.can_allocate(request, i, encoder_compute_budget, embeds_this_step):
+                # Encode an item whole or not at all: schedule the tokens before it, if any.
+                num_new_tokens = min(num_new_tokens, start - num_computed_tokens) if num_computed_tokens < start else 0
+                break
+            first, last = position.get_embeds_indices_in_range(
+                max(0, num_computed_tokens - start), min(length, window_end - start)
+            )
+            if last == first:
+                continue  # only break/text tokens of the item fall in this step
+            sizes_this_step[identifier] = num_embeds
+            embeds_this_step += num_embeds
+            if has_remote_item is not None and has_remote_item(identifier):
+                from_remote.append(i)
+                continue
+            encoder_compute_budget -= num_embeds
+            to_encode.append(i)
+        return to_encode, num_new_tokens, encoder_compute_budget, from_remote, repeated
+
+    @staticmethod
+    def _reject(
+        on_mismatch: MismatchCallback | None,
+        request: Any,
+        input_id: int,
+        identifier: str,
+        known: int,
+        requested: int,
+        encoder_compute_budget: int,
+    ) -> StepResult:
+        if on_mismatch is not None:
+            on_mismatch(request, input_id, identifier, known, requested)
+        return [], 0, encoder_compute_budget, [], []
+
+    def allocate_encoder_inputs(self, request: Any, input_ids: list[int], duplicate_input_ids: list[int]) -> None:
+        """Reserve the step's new items, then take the hits for its repeats."""
+        for input_id in input_ids:
+            self.allocate(request, input_id)
+        for input_id in duplicate_input_ids:
+            self.check_and_update_cache(request, input_id)
+
+    def free_encoder_inputs_before(self, request: Any, position: int) -> list[int]:
+        """Free the request's cached inputs whose placeholders end at or before
+        ``position``; return their ids, ascending."""
+        features = request.mm_features
+        done = [
+            i
+            for i in sorted(self.get_cached_input_ids(request))
+            if self._consumed(request, features[i].mm_position, position)
+        ]
+        for input_id in done:
+            self.free_encoder_input(request, input_id)
+        return done
+
+    def _consumed(self, request: Any, placeholder: Any, position: int) -> bool:
+        return placeholder.offset + placeholder.length <= position
+
+
+class PreFixEncoderCacheManager(EncoderCacheManager):
+    """Before vLLM PR #54284: the first freed occurrence drops the reference."""
+
+    def _last_occurrence(self, request: Any, request_id: str, mm_hash: str) -> bool:
+        super()._last_occurrence(request, request_id, mm_hash)
+        return True
+
+
+class AnyScanEncoderCacheManager(EncoderCacheManager):
+    """vLLM PR #54284 as merged: scan the request's remaining inputs on each free."""
+
+    def _last_occurrence(self, request: Any, request_id: str, mm_hash: str) -> bool:
+        super()._last_occurrence(request, request_id, mm_hash)
+        features = request.mm_features
+        return not any(
+            features[other].identifier == mm_hash for other in self.request_cached_ids.get(request_id, ())
+        )
+
+
+class EncoderDecoderCacheManager(EncoderCacheManager):
+    """vLLM 0.33's scheduling-only manager for encoder-decoder models."""
+
+    is_encoder_decoder = True
+
+    def __init__(self, cache_size: int) -> None:
+        self.cache_size = _count(cache_size, "cache_size")
+        self.num_free_slots = self.cache_size
+        self.allocated: list[str] = []
+        self.to_free: list[str] = []
+
+    def reset(self) -> None:
+        self.num_free_slots = self.cache_size
+        self.allocated.clear()
+        self.to_free.clear()
+
+    def check_and_update_cache(self, request: Any, input_id: int) -> bool:
+        return False
+
+    def get_cached_num_encoder_embeds(self, request: Any, input_id: int) -> int | None:
+        return None
+
+    def can_allocate(
+        self, request: Any, input_id: int, encoder_compute_budget: int, num_embeds_to_schedule: int
+    ) -> bool:
+        num_embeds = _num_embeds(request, _index(input_id))
+        if num_embeds > operator.index(encoder_compute_budget):
+            return False
+        return num_embeds + operator.index(num_embeds_to_schedule) <= self.num_free_slots
+
+    def allocate(self, request: Any, input_id: int) -> None:
+        input_id = _index(input_id)
+        num_embeds = _num_embeds(request, input_id)
+        mm_hash = _identifier(request, input_id)
+        self.num_free_slots -= num_embeds
+        self.allocated.append(mm_hash)
+
+    def get_cached_input_ids(self, request: Any) -> set[int]:
+        return set(range(len(request.mm_features)))
+
+    def free_encoder_input(self, request: Any, input_id: int) -> None:
+        self.num_free_slots += _num_embeds(request, _index(input_id))
+
+    def free(self, request: Any) -> None:
+        sizes = [_num_embeds(request, i) for i in range(len(request.mm_features))]
+        self.num_free_slots += sum(sizes)
+
+    def get_freed_mm_hashes(self) -> list[str]:
+        to_free, self.to_free, self.allocated = self.to_free, self.allocated, []
+        return to_free
+
+    def _consumed(self, request: Any, placeholder: Any, position: int) -> bool:
+        # Cross-attention has the encoder output once the first decoder token is computed.
+        return request.num_computed_tokens > 0 or super()._consumed(request, placeholder, position)

@@ -1,0 +1,82 @@
+"""Small request types with the shape vLLM's scheduler hands to the manager.
+
+They let a scheduler outside vLLM (or a test) use the managers without vLLM
+installed. Any object with the same attributes works just as well: the managers
+duck-type ``request.request_id``, ``request.mm_features[i].identifier``,
+``request.mm_features[i].mm_position`` and ``request.get_num_encoder_embeds(i)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+__all__ = ["MultiModalFeature", "PlaceholderRange", "Request"]
+
+
+@dataclass(frozen=True)
+class PlaceholderRange:
+    """Where an item's placeholder tokens sit in the prompt.
+
+    ``is_embed``, when given, marks which of the ``length`` placeholder tokens
+    receive an encoder embedding (the others are break or text tokens that the
+    cache does not store).
+    """
+
+    offset: int
+    length: int
+    is_embed: Sequence[bool] | None = None
+    _cumsum: tuple[int, ...] | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.is_embed is not None:
+            mask = tuple(bool(x) for x in self.is_embed)
+            if len(mask) != self.length:
+                raise ValueError(f"is_embed has {len(mask)} entries for a placeholder of length {self.length}")
+            object.__setattr__(self, "is_embed", mask)
+            object.__setattr__(self, "_cumsum", tuple(accumulate(mask)))
+
+    def get_num_embeds(self) -> int:
+        """Embeddings the encoder produces for this item."""
+        if self._cumsum is None:
+            return self.length
+        return self._cumsum[-1] if self._cumsum else 0
+
+    def get_embeds_indices_in_range(self, start_idx: int, end_idx: int) -> tuple[int, int]:
+        """The embeddings (start, end) covered by placeholder tokens [start_idx, end_idx)."""
+        if self._cumsum is None:
+            return start_idx, end_idx
+        start = self._cumsum[start_idx - 1] if start_idx > 0 else 0
+        end = self._cumsum[end_idx - 1] if end_idx > 0 else 0
+        return start, end
+
+
+@dataclass(frozen=True)
+class MultiModalFeature:
+    """One multimodal item of a request: its content hash and its placeholder."""
+
+    identifier: str
+    mm_position: PlaceholderRange
+    modality: str = "image"
+
+
+@dataclass(eq=False)
+class Request:
+    """A request as the encoder-cache managers see it.
+
+    ``mm_features`` must be sorted by placeholder offset (as vLLM keeps them);
+    appending items later, as streaming sessions do, is supported.
+    """
+
+    request_id: str
+    mm_features: list[MultiModalFeature] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_output_placeholders: int = 0
+
+    @property
+    def has_encoder_inputs(self) -> bool:
+        return len(self.mm_features) > 0
+
+    def get_num_encoder_embeds(self, input_id: int) -> int:
+        return self.mm_features[input_id].mm_position.get_num_embeds()

@@ -1,0 +1,128 @@
+//! `EncoderDecoderCacheManager`: vLLM 0.33's scheduling-only manager for
+//! encoder-decoder models, over [`EncoderDecoderCache`].
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PySet, PyType};
+
+use super::request::{count, identifier, input_index, num_embeds, num_features};
+use crate::encoder_decoder::EncoderDecoderCache;
+
+#[pyclass(module = "encoder_cache._core", name = "EncoderDecoderCacheManager", subclass)]
+pub struct PyEncoderDecoderCacheManager {
+    cache: EncoderDecoderCache,
+}
+
+#[pymethods]
+impl PyEncoderDecoderCacheManager {
+    #[new]
+    fn new(cache_size: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(Self { cache: EncoderDecoderCache::new(count(cache_size, "cache_size")?) })
+    }
+
+    #[classmethod]
+    #[pyo3(signature = (*, cache_size, vllm_config=None))]
+    fn create_manager<'py>(
+        cls: &Bound<'py, PyType>,
+        cache_size: &Bound<'py, PyAny>,
+        vllm_config: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = vllm_config;
+        cls.call1((cache_size,))
+    }
+
+    fn reset(&mut self) {
+        self.cache.reset();
+    }
+
+    /// Nothing is shared between requests, so there is never a hit.
+    fn check_and_update_cache(&self, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<bool> {
+        let _ = (request, input_id);
+        Ok(false)
+    }
+
+    /// Nothing is shared between requests, so nothing is ever cached.
+    fn get_cached_num_encoder_embeds(&self, request: &Bound<'_, PyAny>, input_id: i64) -> Option<u64> {
+        let _ = (request, input_id);
+        None
+    }
+
+    fn can_allocate(
+        &self,
+        request: &Bound<'_, PyAny>,
+        input_id: i64,
+        encoder_compute_budget: i64,
+        num_embeds_to_schedule: i64,
+    ) -> PyResult<bool> {
+        let n = num_embeds(request, input_index(input_id)?)?;
+        Ok(self.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule))
+    }
+
+    fn allocate(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
+        let input_id = input_index(input_id)?;
+        let n = num_embeds(request, input_id)?;
+        let item: Arc<str> = Arc::from(identifier(request, input_id)?.to_str()?);
+        slf.try_borrow_mut()?.cache.allocate(item, n);
+        Ok(())
+    }
+
+    /// Every item of the request counts as held until the decoder starts.
+    fn get_cached_input_ids<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
+        PySet::new(py, 0..num_features(request)?)
+    }
+
+    fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
+        let n = num_embeds(request, input_index(input_id)?)?;
+        slf.try_borrow_mut()?.cache.free_encoder_input(n);
+        Ok(())
+    }
+
+    fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        let sizes = (0..num_features(request)?).map(|i| num_embeds(request, i)).collect::<PyResult<Vec<u64>>>()?;
+        let mut this = slf.try_borrow_mut()?;
+        for n in sizes {
+            this.cache.free_encoder_input(n);
+        }
+        Ok(())
+    }
+
+    fn get_freed_mm_hashes<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
+        let freed = slf.try_borrow_mut()?.cache.take_freed();
+        PyList::new(slf.py(), freed.iter().map(|k| &**k))
+    }
+
+    fn get_manager_metadata(&self) -> Option<Py<PyAny>> {
+        None
+    }
+
+    #[getter]
+    fn cache_size(&self) -> u64 {
+        self.cache.cache_size()
+    }
+
+    #[getter]
+    fn num_free_slots(&self) -> i64 {
+        self.cache.num_free_slots()
+    }
+
+    /// Snapshot: identifiers allocated since the last `get_freed_mm_hashes()`.
+    #[getter]
+    fn allocated<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.cache.allocated().iter().map(|k| &**k))
+    }
+
+    /// Snapshot: identifiers the next `get_freed_mm_hashes()` returns.
+    #[getter]
+    fn to_free<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.cache.to_free().iter().map(|k| &**k))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "EncoderDecoderCacheManager(cache_size={}, num_free_slots={})",
+            self.cache.cache_size(),
+            self.cache.num_free_slots()
+        )
+    }
+}

@@ -1,0 +1,200 @@
+//! `EncoderCacheManager`: vLLM 0.33's Python API over [`EncoderCache`].
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PySet, PyType};
+
+use super::request::{count, identifier, input_index, num_embeds, request_id};
+use crate::cache::{CacheError, EncoderCache};
+
+#[pyclass(module = "encoder_cache._core", name = "EncoderCacheManager", subclass)]
+pub struct PyEncoderCacheManager {
+    cache: EncoderCache,
+}
+
+impl From<CacheError> for PyErr {
+    fn from(err: CacheError) -> PyErr {
+        PyValueError::new_err(err.to_string())
+    }
+}
+
+#[pymethods]
+impl PyEncoderCacheManager {
+    #[new]
+    fn new(cache_size: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(Self { cache: EncoderCache::new(count(cache_size, "cache_size")?) })
+    }
+
+    /// vLLM's factory hook: `cls(cache_size)`, so subclasses construct themselves.
+    #[classmethod]
+    #[pyo3(signature = (*, cache_size, vllm_config=None))]
+    fn create_manager<'py>(
+        cls: &Bound<'py, PyType>,
+        cache_size: &Bound<'py, PyAny>,
+        vllm_config: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = vllm_config;
+        cls.call1((cache_size,))
+    }
+
+    fn reset(&mut self) {
+        self.cache.reset();
+    }
+
+    fn check_and_update_cache(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<bool> {
+        let input_id = input_index(input_id)?;
+        let item = identifier(request, input_id)?;
+        let req = request_id(request)?;
+        let hit = slf.try_borrow_mut()?.cache.check_and_update_cache(req.to_str()?, input_id, item.to_str()?);
+        Ok(hit)
+    }
+
+    fn get_cached_num_encoder_embeds(&self, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
+        let item = identifier(request, input_index(input_id)?)?;
+        Ok(self.cache.cached_num_embeds(item.to_str()?))
+    }
+
+    fn can_allocate(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        input_id: i64,
+        encoder_compute_budget: i64,
+        num_embeds_to_schedule: i64,
+    ) -> PyResult<bool> {
+        let n = num_embeds(request, input_index(input_id)?)?;
+        let fits = slf.try_borrow_mut()?.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule);
+        Ok(fits)
+    }
+
+    fn allocate(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
+        let input_id = input_index(input_id)?;
+        let item = identifier(request, input_id)?;
+        let req = request_id(request)?;
+        let n = num_embeds(request, input_id)?;
+        slf.try_borrow_mut()?.cache.allocate(req.to_str()?, input_id, item.to_str()?, n)?;
+        Ok(())
+    }
+
+    fn get_cached_input_ids<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
+        let req = request_id(request)?;
+        match self.cache.cached_input_ids(req.to_str()?) {
+            Some(inputs) => PySet::new(py, inputs.keys()),
+            None => PySet::empty(py),
+        }
+    }
+
+    fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
+        let input_id = input_index(input_id)?;
+        let req = request_id(request)?;
+        let req = req.to_str()?;
+        if !slf.try_borrow()?.cache.holds_input(req, input_id) {
+            // Nothing to release, but an input the request does not have is still an error.
+            identifier(request, input_id)?;
+            return Ok(());
+        }
+        slf.try_borrow_mut()?.cache.free_encoder_input(req, input_id);
+        Ok(())
+    }
+
+    fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        let req = request_id(request)?;
+        slf.try_borrow_mut()?.cache.free(req.to_str()?);
+        Ok(())
+    }
+
+    fn get_freed_mm_hashes<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
+        let freed = slf.try_borrow_mut()?.cache.take_freed();
+        PyList::new(slf.py(), freed.iter().map(|k| &**k))
+    }
+
+    fn get_manager_metadata(&self) -> Option<Py<PyAny>> {
+        None
+    }
+
+    #[getter]
+    fn cache_size(&self) -> u64 {
+        self.cache.cache_size()
+    }
+
+    #[getter]
+    fn num_free_slots(&self) -> u64 {
+        self.cache.num_free_slots()
+    }
+
+    #[getter]
+    fn num_freeable_slots(&self) -> u64 {
+        self.cache.num_freeable_slots()
+    }
+
+    /// Snapshot: identifier -> set of request ids referencing it.
+    #[getter]
+    fn cached<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (key, entry) in self.cache.entries() {
+            dict.set_item(&**key, PySet::new(py, entry.referrers.iter().map(|r| &**r))?)?;
+        }
+        Ok(dict)
+    }
+
+    /// Snapshot: identifier -> embeddings stored.
+    #[getter]
+    fn num_embeds_by_hash<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (key, entry) in self.cache.entries() {
+            dict.set_item(&**key, entry.num_embeds)?;
+        }
+        Ok(dict)
+    }
+
+    /// Snapshot: unreferenced identifier -> embeddings, oldest release first.
+    #[getter]
+    fn freeable<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (key, n) in self.cache.freeable() {
+            dict.set_item(&**key, n)?;
+        }
+        Ok(dict)
+    }
+
+    /// Snapshot: request id -> set of cached input ids.
+    #[getter]
+    fn request_cached_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (req, refs) in self.cache.requests() {
+            dict.set_item(&**req, PySet::new(py, refs.inputs.keys())?)?;
+        }
+        Ok(dict)
+    }
+
+    /// Snapshot: request id -> identifier -> number of that request's cached inputs holding it.
+    #[getter]
+    fn request_hash_refs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (req, refs) in self.cache.requests() {
+            let counts = PyDict::new(py);
+            for (key, n) in &refs.occurrences {
+                counts.set_item(&**key, *n)?;
+            }
+            dict.set_item(&**req, counts)?;
+        }
+        Ok(dict)
+    }
+
+    /// Snapshot: identifiers evicted since the last `get_freed_mm_hashes()`.
+    #[getter]
+    fn freed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.cache.freed().iter().map(|k| &**k))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "EncoderCacheManager(cache_size={}, num_free_slots={}, num_freeable_slots={}, entries={}, requests={})",
+            self.cache.cache_size(),
+            self.cache.num_free_slots(),
+            self.cache.num_freeable_slots(),
+            self.cache.entries().len(),
+            self.cache.requests().len(),
+        )
+    }
+}
+

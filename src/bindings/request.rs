@@ -1,0 +1,69 @@
+//! Reading vLLM-shaped requests: `request.request_id`, `request.mm_features[i].identifier`
+//! and `request.get_num_encoder_embeds(i)`, duck-typed, with clear errors.
+//!
+//! Every read happens before the manager's state is borrowed, so a request whose
+//! methods raise (or call back into the manager) leaves the state untouched.
+
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyString};
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned())
+}
+
+fn expect_str<'py>(obj: Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyString>> {
+    match obj.cast_into::<PyString>() {
+        Ok(s) => Ok(s),
+        Err(e) => Err(PyTypeError::new_err(format!("{what} must be str, not {}", type_name(e.into_inner().as_any())))),
+    }
+}
+
+pub(crate) fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
+    expect_str(request.getattr(intern!(request.py(), "request_id"))?, "request.request_id")
+}
+
+/// `input_id` as an index: negative ids are refused rather than counted from the end.
+pub(crate) fn input_index(input_id: i64) -> PyResult<usize> {
+    usize::try_from(input_id).map_err(|_| PyIndexError::new_err(format!("input_id must be >= 0, got {input_id}")))
+}
+
+pub(crate) fn num_features(request: &Bound<'_, PyAny>) -> PyResult<usize> {
+    request.getattr(intern!(request.py(), "mm_features"))?.len()
+}
+
+fn feature<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Bound<'py, PyAny>> {
+    let features = request.getattr(intern!(request.py(), "mm_features"))?;
+    if let Ok(list) = features.cast::<PyList>() {
+        if input_id >= list.len() {
+            return Err(PyIndexError::new_err(format!(
+                "input_id {input_id} out of range: the request has {} multimodal items",
+                list.len()
+            )));
+        }
+        return list.get_item(input_id);
+    }
+    features.get_item(input_id)
+}
+
+pub(crate) fn identifier<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Bound<'py, PyString>> {
+    let feature = feature(request, input_id)?;
+    expect_str(feature.getattr(intern!(request.py(), "identifier"))?, "mm_features[i].identifier")
+}
+
+/// A count of embeddings or slots: a non-negative int.
+pub(crate) fn count(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    if value.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!("{what} must be int, not bool")));
+    }
+    let n: i64 = value
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("{what} must be int, not {}", type_name(value))))?;
+    u64::try_from(n).map_err(|_| PyValueError::new_err(format!("{what} must be >= 0, got {n}")))
+}
+
+pub(crate) fn num_embeds(request: &Bound<'_, PyAny>, input_id: usize) -> PyResult<u64> {
+    let n = request.call_method1(intern!(request.py(), "get_num_encoder_embeds"), (input_id,))?;
+    count(&n, "request.get_num_encoder_embeds()")
+}

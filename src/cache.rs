@@ -1,0 +1,319 @@
+//! The encoder-cache bookkeeping: which items are cached, who references them,
+//! what may be evicted, and which evictions the workers still have to hear about.
+//!
+//! Pure Rust, no Python types: a Rust scheduler can use it directly, and the
+//! PyO3 layer in `bindings` is a thin adapter over it.
+//!
+//! References are counted per request *and* per occurrence: a request that holds
+//! the same item at several input positions (an image re-sent in every turn of
+//! a chat) keeps its reference until its last cached occurrence is freed.
+
+use std::sync::Arc;
+
+use hashbrown::{HashMap, HashSet};
+use hashlink::LinkedHashMap;
+
+/// An item identifier (vLLM's `mm_hash`) or a request id, shared between maps.
+pub type Key = Arc<str>;
+
+/// Why an operation was refused. A refused operation changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheError {
+    /// `allocate` for an item that is already cached: the scheduler must take
+    /// the cache hit (`check_and_update_cache`) instead of reserving space twice.
+    AlreadyCached { identifier: String },
+    /// `allocate` without the room `can_allocate` would have made.
+    InsufficientSpace { identifier: String, needed: u64, free: u64, freeable: u64 },
+    /// A cached item was offered with a different embedding count.
+    EmbedCountMismatch { identifier: String, cached: u64, requested: u64 },
+}
+
+impl std::fmt::Display for CacheError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::AlreadyCached { identifier } => write!(
+                f,
+                "item {identifier:?} is already cached; take the hit with check_and_update_cache instead of allocating it again"
+            ),
+            Self::InsufficientSpace { identifier, needed, free, freeable } => write!(
+                f,
+                "cannot allocate {needed} embeddings for item {identifier:?}: {free} slots free, \
+                 {freeable} reclaimable; call can_allocate first so it can evict"
+            ),
+            Self::EmbedCountMismatch { identifier, cached, requested } => write!(
+                f,
+                "item {identifier:?} is cached with {cached} embeddings but the request gives {requested}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CacheError {}
+
+/// A cached item: its size and the requests that reference it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub num_embeds: u64,
+    pub referrers: HashSet<Key>,
+}
+
+/// What one request holds: each cached input position with its item, and how
+/// many of those positions hold each item (the occurrence count that decides
+/// when the request's reference is released).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestRefs {
+    pub inputs: HashMap<usize, Key>,
+    pub occurrences: HashMap<Key, u32>,
+}
+
+/// The encoder-cache manager's state, with vLLM 0.33's semantics.
+#[derive(Debug, Clone)]
+pub struct EncoderCache {
+    cache_size: u64,
+    num_free_slots: u64,
+    num_freeable_slots: u64,
+    entries: HashMap<Key, Entry>,
+    /// Unreferenced entries, oldest release first: the eviction order.
+    freeable: LinkedHashMap<Key, u64>,
+    requests: HashMap<Key, RequestRefs>,
+    /// Evicted since the last `take_freed`, in eviction order.
+    freed: Vec<Key>,
+}
+
+impl EncoderCache {
+    pub fn new(cache_size: u64) -> Self {
+        Self {
+            cache_size,
+            num_free_slots: cache_size,
+            num_freeable_slots: cache_size,
+            entries: HashMap::new(),
+            freeable: LinkedHashMap::new(),
+            requests: HashMap::new(),
+            freed: Vec::new(),
+        }
+    }
+
+    pub fn cache_size(&self) -> u64 {
+        self.cache_size
+    }
+
+    pub fn num_free_slots(&self) -> u64 {
+        self.num_free_slots
+    }
+
+    pub fn num_freeable_slots(&self) -> u64 {
+        self.num_freeable_slots
+    }
+
+    pub fn entries(&self) -> &HashMap<Key, Entry> {
+        &self.entries
+    }
+
+    pub fn freeable(&self) -> impl Iterator<Item = (&Key, u64)> {
+        self.freeable.iter().map(|(k, n)| (k, *n))
+    }
+
+    pub fn requests(&self) -> &HashMap<Key, RequestRefs> {
+        &self.requests
+    }
+
+    pub fn freed(&self) -> &[Key] {
+        &self.freed
+    }
+
+    /// Forget everything (vLLM calls this when model weights change).
+    pub fn reset(&mut self) {
+        self.entries.clear();
+        self.freeable.clear();
+        self.requests.clear();
+        self.freed.clear();
+        self.num_free_slots = self.cache_size;
+        self.num_freeable_slots = self.cache_size;
+    }
+
+    /// The embedding count stored for `identifier`, if it is cached.
+    pub fn cached_num_embeds(&self, identifier: &str) -> Option<u64> {
+        self.entries.get(identifier).map(|e| e.num_embeds)
+    }
+
+    /// If `identifier` is cached, record that `request_id` uses it at
+    /// `input_id` (taking it off the eviction list if it was unreferenced) and
+    /// return true.
+    pub fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> bool {
+        let Some((key, entry)) = self.entries.get_key_value_mut(identifier) else {
+            return false;
+        };
+        let key = key.clone();
+        if entry.referrers.is_empty() {
+            if let Some(n) = self.freeable.remove(identifier) {
+                self.num_freeable_slots -= n;
+            }
+        }
+        let request_key = Self::intern_request(&mut self.requests, request_id);
+        entry.referrers.insert(request_key.clone());
+        Self::add_occurrence(&mut self.requests, &request_key, input_id, key);
+        true
+    }
+
+    /// Whether an item of `num_embeds` fits in the compute budget and, with
+    /// `num_embeds_to_schedule` already promised this step, in the cache.
+    /// Evicts the oldest unreferenced entries when that makes room.
+    pub fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool {
+        let num_embeds = i128::from(num_embeds);
+        if num_embeds > i128::from(encoder_compute_budget) {
+            return false;
+        }
+        let needed = num_embeds + i128::from(num_embeds_to_schedule);
+        if needed <= i128::from(self.num_free_slots) {
+            return true;
+        }
+        if needed > i128::from(self.num_freeable_slots) {
+            return false;
+        }
+        // Eviction is bookkeeping only: workers drop the tensors when the
+        // scheduler output carries `take_freed`.
+        while needed > i128::from(self.num_free_slots) {
+            let Some((key, n)) = self.freeable.pop_front() else {
+                break;
+            };
+            self.entries.remove(&key);
+            self.freed.push(key);
+            self.num_free_slots += n;
+        }
+        true
+    }
+
+    /// Checks `allocate` would make, without changing anything.
+    pub fn check_allocate(&self, identifier: &str, num_embeds: u64) -> Result<(), CacheError> {
+        if let Some(entry) = self.entries.get(identifier) {
+            if entry.num_embeds != num_embeds {
+                return Err(CacheError::EmbedCountMismatch {
+                    identifier: identifier.to_owned(),
+                    cached: entry.num_embeds,
+                    requested: num_embeds,
+                });
+            }
+            return Err(CacheError::AlreadyCached { identifier: identifier.to_owned() });
+        }
+        if num_embeds > self.num_free_slots {
+            return Err(CacheError::InsufficientSpace {
+                identifier: identifier.to_owned(),
+                needed: num_embeds,
+                free: self.num_free_slots,
+                freeable: self.num_freeable_slots,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reserve space for a newly encoded item, referenced by `request_id` at
+    /// `input_id`. On error nothing changes.
+    pub fn allocate(&mut self, request_id: &str, input_id: usize, identifier: &str, num_embeds: u64) -> Result<(), CacheError> {
+        self.check_allocate(identifier, num_embeds)?;
+        let key: Key = Arc::from(identifier);
+        let request_key = Self::intern_request(&mut self.requests, request_id);
+        let mut referrers = HashSet::with_capacity(1);
+        referrers.insert(request_key.clone());
+        self.entries.insert(key.clone(), Entry { num_embeds, referrers });
+        Self::add_occurrence(&mut self.requests, &request_key, input_id, key);
+        self.num_free_slots -= num_embeds;
+        self.num_freeable_slots -= num_embeds;
+        Ok(())
+    }
+
+    /// The input positions `request_id` holds cached.
+    pub fn cached_input_ids(&self, request_id: &str) -> Option<&HashMap<usize, Key>> {
+        self.requests.get(request_id).map(|r| &r.inputs)
+    }
+
+    /// Whether `request_id` holds `input_id` cached.
+    pub fn holds_input(&self, request_id: &str, input_id: usize) -> bool {
+        self.requests.get(request_id).is_some_and(|r| r.inputs.contains_key(&input_id))
+    }
+
+    /// Drop the request's hold on one input position. The request's reference
+    /// to the item goes only with its last occurrence; an entry left with no
+    /// referrer becomes evictable, but stays until space is needed.
+    pub fn free_encoder_input(&mut self, request_id: &str, input_id: usize) {
+        let Some(refs) = self.requests.get_mut(request_id) else {
+            return;
+        };
+        let Some(identifier) = refs.inputs.remove(&input_id) else {
+            return;
+        };
+        let last_occurrence = Self::drop_occurrence(&mut refs.occurrences, &identifier);
+        if refs.inputs.is_empty() {
+            self.requests.remove(request_id);
+        }
+        if last_occurrence {
+            self.release(request_id, &identifier);
+        }
+    }
+
+    /// Drop every hold `request_id` has (a finished, aborted or preempted
+    /// request). Positions are walked in ascending order, so entries become
+    /// evictable in the order of their last occurrence.
+    pub fn free(&mut self, request_id: &str) {
+        let Some(RequestRefs { inputs, mut occurrences }) = self.requests.remove(request_id) else {
+            return;
+        };
+        let mut inputs: Vec<(usize, Key)> = inputs.into_iter().collect();
+        inputs.sort_unstable_by_key(|(input_id, _)| *input_id);
+        for (_, identifier) in inputs {
+            if Self::drop_occurrence(&mut occurrences, &identifier) {
+                self.release(request_id, &identifier);
+            }
+        }
+    }
+
+    /// Evictions since the last call, minus items allocated again meanwhile
+    /// (an entry evicted early in a step can come back later in the same step,
+    /// and the workers must keep its tensor).
+    pub fn take_freed(&mut self) -> Vec<Key> {
+        let entries = &self.entries;
+        let mut freed = std::mem::take(&mut self.freed);
+        freed.retain(|k| !entries.contains_key(k));
+        freed
+    }
+
+    fn release(&mut self, request_id: &str, identifier: &Key) {
+        let Some(entry) = self.entries.get_mut(identifier) else {
+            return;
+        };
+        if entry.referrers.remove(request_id) && entry.referrers.is_empty() {
+            self.freeable.insert(identifier.clone(), entry.num_embeds);
+            self.num_freeable_slots += entry.num_embeds;
+        }
+    }
+
+    /// Count one occurrence of `identifier` off; true when it was the last.
+    fn drop_occurrence(occurrences: &mut HashMap<Key, u32>, identifier: &Key) -> bool {
+        let count = occurrences.get_mut(identifier).expect("every cached input is counted");
+        *count -= 1;
+        if *count == 0 {
+            occurrences.remove(identifier);
+            return true;
+        }
+        false
+    }
+
+    fn intern_request(requests: &mut HashMap<Key, RequestRefs>, request_id: &str) -> Key {
+        match requests.get_key_value(request_id) {
+            Some((k, _)) => k.clone(),
+            None => {
+                let k: Key = Arc::from(request_id);
+                requests.insert(k.clone(), RequestRefs::default());
+                k
+            }
+        }
+    }
+
+    fn add_occurrence(requests: &mut HashMap<Key, RequestRefs>, request_key: &Key, input_id: usize, identifier: Key) {
+        let refs = requests.get_mut(request_key).expect("interned above");
+        if refs.inputs.contains_key(&input_id) {
+            return;
+        }
+        *refs.occurrences.entry(identifier.clone()).or_insert(0) += 1;
+        refs.inputs.insert(input_id, identifier);
+    }
+}
