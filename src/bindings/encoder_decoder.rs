@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PySet, PyType};
+use pyo3::types::{PyDict, PyList, PySet, PyType};
 
 use super::request::{count, identifier, input_index, num_embeds, num_features};
+use super::state::{encoder_decoder_state_from_dict, encoder_decoder_state_to_dict};
 use crate::encoder_decoder::EncoderDecoderCache;
 
 #[pyclass(module = "encoder_cache._core", name = "EncoderDecoderCacheManager", subclass)]
@@ -102,7 +103,7 @@ impl PyEncoderDecoderCacheManager {
     }
 
     #[getter]
-    fn num_free_slots(&self) -> i64 {
+    fn num_free_slots(&self) -> i128 {
         self.cache.num_free_slots()
     }
 
@@ -124,5 +125,26 @@ impl PyEncoderDecoderCacheManager {
             self.cache.cache_size(),
             self.cache.num_free_slots()
         )
+    }
+
+    // Reliability: invariant check and state dump/restore (see src/bindings/state.rs).
+
+    /// Never raises: vLLM's encoder-decoder bookkeeping has no rule beyond its
+    /// types (frees are not matched against allocations, so the free-slot count
+    /// may leave [0, cache_size]). Here so both managers have the same API.
+    fn check_invariants(&self) {}
+
+    /// The whole state as a plain dict (`json.dumps`-able); `restore` takes it back.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        encoder_decoder_state_to_dict(py, &self.cache.snapshot())
+    }
+
+    /// A manager in the state `snapshot()` gave.
+    #[classmethod]
+    fn restore<'py>(cls: &Bound<'py, PyType>, state: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let state = encoder_decoder_state_from_dict(state)?;
+        let manager = cls.call1((state.cache_size,))?;
+        manager.cast::<Self>()?.try_borrow_mut()?.cache = EncoderDecoderCache::restore(&state);
+        Ok(manager)
     }
 }

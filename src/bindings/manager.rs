@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyType};
 
 use super::request::{count, identifier, input_index, num_embeds, request_id};
+use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
 use crate::cache::{CacheError, EncoderCache};
 
 #[pyclass(module = "encoder_cache._core", name = "EncoderCacheManager", subclass)]
@@ -45,7 +46,7 @@ impl PyEncoderCacheManager {
         let input_id = input_index(input_id)?;
         let item = identifier(request, input_id)?;
         let req = request_id(request)?;
-        let hit = slf.try_borrow_mut()?.cache.check_and_update_cache(req.to_str()?, input_id, item.to_str()?);
+        let hit = slf.try_borrow_mut()?.cache.check_and_update_cache(req.to_str()?, input_id, item.to_str()?)?;
         Ok(hit)
     }
 
@@ -195,6 +196,29 @@ impl PyEncoderCacheManager {
             self.cache.entries().len(),
             self.cache.requests().len(),
         )
+    }
+
+    // Reliability: invariant check and state dump/restore (see src/bindings/state.rs).
+
+    /// Raise `encoder_cache.InvariantError` naming the first broken bookkeeping rule.
+    fn check_invariants(&self) -> PyResult<()> {
+        self.cache.check_invariants().map_err(invariant_error)
+    }
+
+    /// The whole state as a plain dict (`json.dumps`-able); `restore` takes it back.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        cache_state_to_dict(py, &self.cache.snapshot())
+    }
+
+    /// A manager in the state `snapshot()` gave; ValueError if it breaks an invariant.
+    #[classmethod]
+    fn restore<'py>(cls: &Bound<'py, PyType>, state: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let state = cache_state_from_dict(state)?;
+        let cache = EncoderCache::restore(&state)
+            .map_err(|v| PyValueError::new_err(format!("inconsistent state: {v}")))?;
+        let manager = cls.call1((state.cache_size,))?;
+        manager.cast::<Self>()?.try_borrow_mut()?.cache = cache;
+        Ok(manager)
     }
 }
 
