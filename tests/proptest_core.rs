@@ -4,26 +4,11 @@
 //! `cargo test` runs a modest number of sequences; a long campaign:
 //! `PROPTEST_CASES=200000 cargo test --release --test proptest_core`.
 
-use encoder_cache::{CacheState, EncoderCache, EncoderDecoderCache};
+mod common;
+
+use common::ops::{apply, Op, INPUTS, ITEMS, REQUESTS};
+use encoder_cache::{EncoderCache, EncoderDecoderCache};
 use proptest::prelude::*;
-
-const REQUESTS: u8 = 4;
-const INPUTS: usize = 6;
-const ITEMS: u8 = 6;
-
-#[derive(Debug, Clone)]
-enum Op {
-    CheckAndUpdate { request: u8, input: usize, item: u8 },
-    CanAllocate { item: u8, budget: i64, scheduled: i64 },
-    /// `size` overrides the item's usual size (a request that disagrees with the cache).
-    Allocate { request: u8, input: usize, item: u8, size: Option<u64> },
-    FreeInput { request: u8, input: usize },
-    Free { request: u8 },
-    TakeFreed,
-    Reset,
-    /// Replace the cache by one restored from its snapshot.
-    Restore,
-}
 
 fn op() -> impl Strategy<Value = Op> {
     let request = 0..REQUESTS;
@@ -44,61 +29,14 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn item_name(item: u8) -> String {
-    format!("item{item}")
-}
-
-fn request_name(request: u8) -> String {
-    format!("req{request}")
-}
-
-/// Each item's usual size: 1 + 3 * item, so sizes collide only on purpose.
-fn item_size(item: u8) -> u64 {
-    1 + 3 * u64::from(item)
-}
-
-/// Apply `op`; a refused operation must leave the state exactly as it was.
-fn apply(cache: &mut EncoderCache, op: &Op) -> Result<(), TestCaseError> {
-    let before: CacheState = cache.snapshot();
-    match *op {
-        Op::CheckAndUpdate { request, input, item } => {
-            if cache.check_and_update_cache(&request_name(request), input, &item_name(item)).is_err() {
-                prop_assert_eq!(&cache.snapshot(), &before);
-            }
-        }
-        Op::CanAllocate { item, budget, scheduled } => {
-            cache.can_allocate(item_size(item), budget, scheduled);
-        }
-        Op::Allocate { request, input, item, size } => {
-            let size = size.unwrap_or(item_size(item));
-            if cache.allocate(&request_name(request), input, &item_name(item), size).is_err() {
-                prop_assert_eq!(&cache.snapshot(), &before);
-            }
-        }
-        Op::FreeInput { request, input } => cache.free_encoder_input(&request_name(request), input),
-        Op::Free { request } => cache.free(&request_name(request)),
-        Op::TakeFreed => {
-            for item in cache.take_freed() {
-                prop_assert!(cache.cached_num_embeds(&item).is_none(), "reported freed but cached: {}", item);
-            }
-        }
-        Op::Reset => cache.reset(),
-        Op::Restore => {
-            let restored = EncoderCache::restore(&before).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert_eq!(&restored.snapshot(), &before);
-            *cache = restored;
-        }
-    }
-    cache.check_invariants().map_err(|e| TestCaseError::fail(format!("after {op:?}: {e}")))
+fn run(cache: &mut EncoderCache, ops: &[Op]) -> Result<(), TestCaseError> {
+    ops.iter().try_for_each(|op| apply(cache, op).map_err(TestCaseError::fail))
 }
 
 proptest! {
     #[test]
     fn invariants_hold_after_every_operation(cache_size in 0u64..48, ops in prop::collection::vec(op(), 1..200)) {
-        let mut cache = EncoderCache::new(cache_size);
-        for op in &ops {
-            apply(&mut cache, op)?;
-        }
+        run(&mut EncoderCache::new(cache_size), &ops)?;
     }
 
     /// A restored cache behaves exactly like the original from then on.
@@ -109,13 +47,11 @@ proptest! {
         suffix in prop::collection::vec(op(), 1..100),
     ) {
         let mut cache = EncoderCache::new(cache_size);
-        for op in &prefix {
-            apply(&mut cache, op)?;
-        }
+        run(&mut cache, &prefix)?;
         let mut restored = EncoderCache::restore(&cache.snapshot()).map_err(|e| TestCaseError::fail(e.to_string()))?;
         for op in &suffix {
-            apply(&mut cache, op)?;
-            apply(&mut restored, op)?;
+            run(&mut cache, std::slice::from_ref(op))?;
+            run(&mut restored, std::slice::from_ref(op))?;
             prop_assert_eq!(cache.snapshot(), restored.snapshot());
         }
     }
@@ -128,9 +64,7 @@ proptest! {
         corruption in 0u8..5,
     ) {
         let mut cache = EncoderCache::new(cache_size);
-        for op in &ops {
-            apply(&mut cache, op)?;
-        }
+        run(&mut cache, &ops)?;
         let mut state = cache.snapshot();
         match corruption {
             0 => state.num_free_slots += 1,

@@ -50,14 +50,15 @@ impl PyEncoderDecoderCacheManager {
     }
 
     fn can_allocate(
-        &self,
+        slf: &Bound<'_, Self>,
         request: &Bound<'_, PyAny>,
         input_id: i64,
         encoder_compute_budget: i64,
         num_embeds_to_schedule: i64,
     ) -> PyResult<bool> {
         let n = num_embeds(request, input_index(input_id)?)?;
-        Ok(self.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule))
+        let fits = slf.try_borrow()?.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule);
+        Ok(fits)
     }
 
     fn allocate(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
@@ -69,8 +70,8 @@ impl PyEncoderDecoderCacheManager {
     }
 
     /// Every item of the request counts as held until the decoder starts.
-    fn get_cached_input_ids<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
-        PySet::new(py, 0..num_features(request)?)
+    fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
+        PySet::new(slf.py(), 0..num_features(request)?)
     }
 
     fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {

@@ -50,9 +50,10 @@ impl PyEncoderCacheManager {
         Ok(hit)
     }
 
-    fn get_cached_num_encoder_embeds(&self, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
+    fn get_cached_num_encoder_embeds(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
         let item = identifier(request, input_index(input_id)?)?;
-        Ok(self.cache.cached_num_embeds(item.to_str()?))
+        let n = slf.try_borrow()?.cache.cached_num_embeds(item.to_str()?);
+        Ok(n)
     }
 
     fn can_allocate(
@@ -76,11 +77,12 @@ impl PyEncoderCacheManager {
         Ok(())
     }
 
-    fn get_cached_input_ids<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
+    fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let req = request_id(request)?;
-        match self.cache.cached_input_ids(req.to_str()?) {
-            Some(inputs) => PySet::new(py, inputs.keys()),
-            None => PySet::empty(py),
+        let this = slf.try_borrow()?;
+        match this.cache.cached_input_ids(req.to_str()?) {
+            Some(inputs) => PySet::new(slf.py(), inputs.keys()),
+            None => PySet::empty(slf.py()),
         }
     }
 

@@ -1,0 +1,100 @@
+"""Memory soak: millions of scheduler-like operations over churning requests,
+with resident memory and Python object counts required flat after warm-up.
+
+Not part of the default run (marker `soak`). Run it with:
+
+    .venv/bin/python -m pytest -m soak tests/test_soak.py -s
+
+ENCODER_CACHE_SOAK_OPS sets the number of manager calls (default 10 million).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import resource
+from collections import deque
+
+import pytest
+
+from encoder_cache import EncoderCacheManager, MultiModalFeature, PlaceholderRange, Request
+
+OPS = int(os.environ.get("ENCODER_CACHE_SOAK_OPS", "10000000"))
+CHECKPOINTS = 20
+#: Growth allowed between the end of warm-up and the end: allocator noise, far
+#: below what a leak of even 1 byte per operation would add over the run.
+RSS_SLACK = 4 << 20
+OBJECT_SLACK = 200
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+def object_count() -> int:
+    gc.collect()
+    return len(gc.get_objects())
+
+
+class Churn:
+    """A scheduler's view: requests arrive, their items are looked up,
+    allocated (evicting as needed) and freed input by input, then they
+    finish; a bounded window of requests is live at any time."""
+
+    def __init__(self, manager: EncoderCacheManager, seed: int = 0) -> None:
+        self.manager, self.rng = manager, random.Random(seed)
+        # 4000 distinct items, reused with a skew so the cache both hits and evicts.
+        self.features = [
+            MultiModalFeature(f"item-{i}", PlaceholderRange(0, 16 + (i * 37) % 240)) for i in range(4000)
+        ]
+        self.live: deque[Request] = deque()
+        self.next_id = 0
+        self.ops = 0
+
+    def step(self) -> None:
+        m, rng = self.manager, self.rng
+        picks = [int(rng.paretovariate(1.2)) % len(self.features) for _ in range(rng.randint(1, 4))]
+        request = Request(f"req-{self.next_id}", [self.features[i] for i in picks])
+        self.next_id += 1
+        for i in range(len(picks)):
+            self.ops += 1
+            if m.check_and_update_cache(request, i):
+                continue
+            self.ops += 1
+            if m.can_allocate(request, i, 4096, 0):
+                self.ops += 1
+                m.allocate(request, i)
+        self.live.append(request)
+        if len(self.live) > 48:
+            done = self.live.popleft()
+            self.ops += 2
+            if m.get_cached_input_ids(done):
+                m.free_encoder_input(done, 0)
+            self.ops += 1
+            m.free(done)
+        if self.next_id % 16 == 0:
+            self.ops += 1
+            m.get_freed_mm_hashes()
+
+
+@pytest.mark.soak
+def test_memory_is_flat_over_millions_of_operations():
+    manager = EncoderCacheManager(cache_size=6000)
+    churn = Churn(manager)
+    samples = []
+    for checkpoint in range(1, CHECKPOINTS + 1):
+        while churn.ops < OPS * checkpoint // CHECKPOINTS:
+            churn.step()
+        manager.check_invariants()
+        samples.append((churn.ops, resident_bytes(), object_count()))
+    warm_ops, warm_rss, warm_objects = samples[1]  # after the first 10% of the run
+    end_ops, end_rss, end_objects = samples[-1]
+    print(f"\nsoak: {end_ops} operations, {churn.next_id} requests, {len(manager.cached)} entries cached at the end")
+    for ops, rss, objects in samples:
+        print(f"  after {ops:>10} ops: RSS {rss / 2**20:8.2f} MiB, {objects} Python objects")
+    print(f"  growth after warm-up: RSS {(end_rss - warm_rss) / 2**10:+.0f} KiB, objects {end_objects - warm_objects:+d}")
+    assert end_ops >= OPS
+    assert end_rss - warm_rss <= RSS_SLACK, f"resident memory grew by {end_rss - warm_rss} bytes after warm-up"
+    assert abs(end_objects - warm_objects) <= OBJECT_SLACK, f"{end_objects - warm_objects} more Python objects"
