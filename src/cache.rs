@@ -362,7 +362,7 @@ mod tests {
     fn a_repeated_item_is_held_until_its_last_occurrence_is_freed() {
         let mut cache = EncoderCache::new(8);
         cache.allocate("r1", 0, "imgA", 4).unwrap();
-        assert!(cache.check_and_update_cache("r1", 1, "imgA"));
+        assert_eq!(cache.check_and_update_cache("r1", 1, "imgA"), Ok(true));
         cache.free_encoder_input("r1", 0);
         assert_eq!(cache.num_freeable_slots(), 4);
         assert!(!cache.can_allocate(8, 1_000_000, 0), "imgA is still needed and must not be evicted");
@@ -419,7 +419,7 @@ mod tests {
         cache.allocate("r1", 2, "b", 5).unwrap();
         cache.allocate("r1", 0, "c", 3).unwrap();
         cache.allocate("r1", 1, "a", 4).unwrap();
-        assert!(cache.check_and_update_cache("r1", 3, "a"));
+        assert_eq!(cache.check_and_update_cache("r1", 3, "a"), Ok(true));
         cache.free("r1");
         assert_eq!(freeable(&cache), vec![("c", 3), ("b", 5), ("a", 4)]);
         assert_eq!(cache.num_freeable_slots(), 30);
