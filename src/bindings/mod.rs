@@ -5,6 +5,7 @@ mod encoder_decoder;
 mod manager;
 mod request;
 mod state;
+mod step;
 
 use pyo3::prelude::*;
 
