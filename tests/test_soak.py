@@ -45,26 +45,33 @@ class Churn:
 
     def __init__(self, manager: EncoderCacheManager, seed: int = 0) -> None:
         self.manager, self.rng = manager, random.Random(seed)
-        # 4000 distinct items, reused with a skew so the cache both hits and evicts.
+        # 4000 distinct items of 16-255 embeddings; the cache holds a few dozen.
         self.features = [
             MultiModalFeature(f"item-{i}", PlaceholderRange(0, 16 + (i * 37) % 240)) for i in range(4000)
         ]
         self.live: deque[Request] = deque()
         self.next_id = 0
-        self.ops = 0
+        self.ops = self.hits = self.allocations = self.evictions = 0
 
     def step(self) -> None:
         m, rng = self.manager, self.rng
-        picks = [int(rng.paretovariate(1.2)) % len(self.features) for _ in range(rng.randint(1, 4))]
+        # Half popular items (hits), half from the whole pool (misses that evict).
+        n = len(self.features)
+        picks = [
+            int(rng.paretovariate(1.2)) % n if rng.random() < 0.5 else rng.randrange(n)
+            for _ in range(rng.randint(1, 4))
+        ]
         request = Request(f"req-{self.next_id}", [self.features[i] for i in picks])
         self.next_id += 1
         for i in range(len(picks)):
             self.ops += 1
             if m.check_and_update_cache(request, i):
+                self.hits += 1
                 continue
             self.ops += 1
             if m.can_allocate(request, i, 4096, 0):
                 self.ops += 1
+                self.allocations += 1
                 m.allocate(request, i)
         self.live.append(request)
         if len(self.live) > 48:
@@ -76,7 +83,7 @@ class Churn:
             m.free(done)
         if self.next_id % 16 == 0:
             self.ops += 1
-            m.get_freed_mm_hashes()
+            self.evictions += len(m.get_freed_mm_hashes())
 
 
 @pytest.mark.soak
@@ -91,7 +98,10 @@ def test_memory_is_flat_over_millions_of_operations():
         samples.append((churn.ops, resident_bytes(), object_count()))
     warm_ops, warm_rss, warm_objects = samples[1]  # after the first 10% of the run
     end_ops, end_rss, end_objects = samples[-1]
-    print(f"\nsoak: {end_ops} operations, {churn.next_id} requests, {len(manager.cached)} entries cached at the end")
+    print(
+        f"\nsoak: {end_ops} operations over {churn.next_id} requests: {churn.hits} hits, "
+        f"{churn.allocations} allocations, {churn.evictions} evictions reported"
+    )
     for ops, rss, objects in samples:
         print(f"  after {ops:>10} ops: RSS {rss / 2**20:8.2f} MiB, {objects} Python objects")
     print(f"  growth after warm-up: RSS {(end_rss - warm_rss) / 2**10:+.0f} KiB, objects {end_objects - warm_objects:+d}")
