@@ -578,6 +578,10 @@ def test_no_reference_leaks_on_requests_or_returned_objects(cls):
             manager.get_cached_input_ids(request)
             manager.free_encoder_input(request, 1)
             manager.free(request)
+            to_encode, _, _, _, repeated = manager.try_schedule_encoder_inputs(request, 0, 100, 50)
+            manager.allocate_encoder_inputs(request, to_encode, repeated)
+            manager.free_encoder_inputs_before(request, 3)
+            manager.free(request)  # drops the step API's records of the request
             manager.get_freed_mm_hashes()
             manager.snapshot()
 

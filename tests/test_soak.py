@@ -46,24 +46,31 @@ class Churn:
     def __init__(self, manager: EncoderCacheManager, seed: int = 0) -> None:
         self.manager, self.rng = manager, random.Random(seed)
         # 4000 distinct items of 16-255 embeddings; the cache holds a few dozen.
-        self.features = [
-            MultiModalFeature(f"item-{i}", PlaceholderRange(0, 16 + (i * 37) % 240)) for i in range(4000)
-        ]
+        self.items = [(f"item-{i}", 16 + (i * 37) % 240) for i in range(4000)]
         self.live: deque[Request] = deque()
         self.next_id = 0
         self.ops = self.hits = self.allocations = self.evictions = 0
 
-    def step(self) -> None:
-        m, rng = self.manager, self.rng
+    def new_request(self) -> Request:
+        rng, n = self.rng, len(self.items)
         # Half popular items (hits), half from the whole pool (misses that evict).
-        n = len(self.features)
         picks = [
             int(rng.paretovariate(1.2)) % n if rng.random() < 0.5 else rng.randrange(n)
             for _ in range(rng.randint(1, 4))
         ]
-        request = Request(f"req-{self.next_id}", [self.features[i] for i in picks])
+        features, offset = [], 0
+        for i in picks:
+            identifier, length = self.items[i]
+            features.append(MultiModalFeature(identifier, PlaceholderRange(offset, length)))
+            offset += length + 8
         self.next_id += 1
-        for i in range(len(picks)):
+        return Request(f"req-{self.next_id}", features)
+
+    def per_item(self) -> None:
+        """One request through the per-item API, as vLLM 0.33's scheduler calls it."""
+        m = self.manager
+        request = self.new_request()
+        for i in range(len(request.mm_features)):
             self.ops += 1
             if m.check_and_update_cache(request, i):
                 self.hits += 1
@@ -76,30 +83,56 @@ class Churn:
         self.live.append(request)
         if len(self.live) > 48:
             done = self.live.popleft()
-            self.ops += 2
+            self.ops += 1
             if m.get_cached_input_ids(done):
+                self.ops += 1
                 m.free_encoder_input(done, 0)
             self.ops += 1
             m.free(done)
+        self.report_freed()
+
+    def step_level(self) -> None:
+        """One request through the step-level API: scheduled, allocated, its
+        consumed inputs freed, finished."""
+        m = self.manager
+        request = self.new_request()
+        end = request.mm_features[-1].mm_position.offset + request.mm_features[-1].mm_position.length
+        self.ops += 1
+        to_encode, _, _, _, repeated = m.try_schedule_encoder_inputs(request, 0, end, 4096)
+        self.hits += len(request.mm_features) - len(to_encode)
+        self.ops += 1
+        m.allocate_encoder_inputs(request, to_encode, repeated)
+        self.allocations += len(to_encode)
+        self.live.append(request)
+        if len(self.live) > 48:
+            done = self.live.popleft()
+            self.ops += 2
+            m.free_encoder_inputs_before(done, done.mm_features[0].mm_position.length)
+            m.free(done)
+        self.report_freed()
+
+    def report_freed(self) -> None:
         if self.next_id % 16 == 0:
             self.ops += 1
-            self.evictions += len(m.get_freed_mm_hashes())
+            self.evictions += len(self.manager.get_freed_mm_hashes())
 
 
 @pytest.mark.soak
-def test_memory_is_flat_over_millions_of_operations():
+@pytest.mark.parametrize("api", ["per_item", "step_level"])
+def test_memory_is_flat_over_millions_of_operations(api):
     manager = EncoderCacheManager(cache_size=6000)
     churn = Churn(manager)
+    run = getattr(churn, api)
     samples = []
     for checkpoint in range(1, CHECKPOINTS + 1):
         while churn.ops < OPS * checkpoint // CHECKPOINTS:
-            churn.step()
+            run()
         manager.check_invariants()
         samples.append((churn.ops, resident_bytes(), object_count()))
     warm_ops, warm_rss, warm_objects = samples[1]  # after the first 10% of the run
     end_ops, end_rss, end_objects = samples[-1]
     print(
-        f"\nsoak: {end_ops} operations over {churn.next_id} requests: {churn.hits} hits, "
+        f"\nsoak ({api} API): {end_ops} operations over {churn.next_id} requests: {churn.hits} hits, "
         f"{churn.allocations} allocations, {churn.evictions} evictions reported"
     )
     for ops, rss, objects in samples:
