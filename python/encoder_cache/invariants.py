@@ -11,7 +11,7 @@ Pure Python: ``encoder_cache.reference`` uses it without the compiled module.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["InvariantError", "RULES", "check_state", "parse_encoder_decoder_state", "parse_state"]
 
@@ -103,7 +103,7 @@ def check_state(state: dict[str, Any]) -> None:
                 _broken(COUNTED_REFERENCED, f"request '{request}' counts item '{item}' but is not among its referrers")
 
 
-def _broken(rule: str, detail: str) -> None:
+def _broken(rule: str, detail: str) -> NoReturn:
     raise InvariantError(f"{rule}: {detail}")
 
 
