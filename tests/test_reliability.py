@@ -437,6 +437,21 @@ def test_reentrant_read_runs_before_the_manager_is_borrowed(cls):
     manager.check_invariants()
 
 
+def test_has_remote_item_reentering_the_manager_gets_a_clear_error():
+    """`has_remote_item` is consulted mid-walk, with the state borrowed: a
+    callback that calls back into the manager meets PyO3's borrow check."""
+    manager = RUST(40)
+    request = make_request("r", ["img0", "img1"])
+
+    def remote(identifier):
+        manager.free(request)
+        return False
+
+    with pytest.raises(RuntimeError, match="(?i)borrow"):
+        manager.try_schedule_encoder_inputs(request, 0, 100, 100, has_remote_item=remote)
+    manager.check_invariants()
+
+
 def test_feature_changed_under_a_held_input_is_refused():
     for cls in MANAGERS:
         manager = cls(20)
@@ -502,14 +517,16 @@ class SlowRequest:
         return self._request.get_num_encoder_embeds(input_id)
 
 
-@pytest.mark.parametrize("cls", MANAGERS)
-def test_threads_hammering_one_manager_serialise(cls):
-    """Scheduler-like churn from several threads, sharing items, with a tiny
+def test_threads_hammering_one_manager_serialise():
+    """The Rust manager only: the pure-Python reference is a single-threaded
+    oracle (a thread switch between two of its statements can break it).
+
+    Scheduler-like churn from several threads, sharing items, with a tiny
     switch interval and requests whose reads run Python code. Calls serialise:
     no error at all (each call reads its request before borrowing the state,
     and holds the borrow only while no Python code runs), and the state is
     sound and fully released at the end."""
-    manager = cls(60)
+    manager = RUST(60)
     errors: list[BaseException] = []
     barrier = threading.Barrier(4)
 
