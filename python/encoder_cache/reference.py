@@ -65,7 +65,8 @@ def _num_embeds(request: Any, input_id: int) -> int:
 
 
 class EncoderCacheManager:
-    """vLLM 0.33's encoder-cache bookkeeping in plain Python (all state is live)."""
+    """vLLM 0.33's encoder-cache bookkeeping in plain Python (all state is live;
+    ``request_cached_ids`` is derived from ``request_inputs`` on each access)."""
 
     is_encoder_decoder = False
 
