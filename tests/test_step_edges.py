@@ -213,6 +213,21 @@ def test_items_added_later_and_new_objects_are_seen(cls: type) -> None:
     assert manager.try_schedule_encoder_inputs(other, 0, 10, 50)[0] == [0, 1]
 
 
+@pytest.mark.parametrize("cls", SHARED, ids=ids)
+def test_a_held_input_is_checked_against_a_changed_item(cls: type) -> None:
+    manager = cls(50)
+    req = request("r", ("a", 0, 4))
+    manager.allocate_encoder_inputs(req, [0], [])
+    assert manager.try_schedule_encoder_inputs(req, 0, 4, 50) == ([], 4, 50, [], [])
+    resized = Request("r", [MultiModalFeature("a", PlaceholderRange(0, 4, (True, True, False, True)))])
+    seen: list[tuple[Any, ...]] = []
+    assert manager.try_schedule_encoder_inputs(resized, 0, 4, 50, on_mismatch=lambda *a: seen.append(a)) == (
+        [], 0, 50, [], []
+    )
+    assert seen == [(resized, 0, "a", 4, 3)]
+    assert manager.try_schedule_encoder_inputs(request("r", ("b", 0, 4)), 0, 4, 50) == ([0], 4, 46, [], [])
+
+
 @pytest.mark.parametrize("cls", [encoder_cache.EncoderCacheManager, encoder_cache.EncoderDecoderCacheManager])
 @pytest.mark.parametrize("release", ["free", "reset"])
 def test_requests_are_not_kept_alive(cls: type, release: str) -> None:
