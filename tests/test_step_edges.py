@@ -225,7 +225,8 @@ def test_a_held_input_is_checked_against_a_changed_item(cls: type) -> None:
         [], 0, 50, [], []
     )
     assert seen == [(resized, 0, "a", 4, 3)]
-    assert manager.try_schedule_encoder_inputs(request("r", ("b", 0, 4)), 0, 4, 50) == ([0], 4, 46, [], [])
+    with pytest.raises(ValueError, match="already holds input 0"):
+        manager.try_schedule_encoder_inputs(request("r", ("b", 0, 4)), 0, 4, 50)
 
 
 @pytest.mark.parametrize("cls", [encoder_cache.EncoderCacheManager, encoder_cache.EncoderDecoderCacheManager])
