@@ -70,6 +70,7 @@ _PARSERS = {
     "int": int,
     "int | None": int,
     "float": float,
+    "float | None": float,
     "Range": _range,
     "tuple[float, float, float]": _weights,
 }
@@ -130,18 +131,21 @@ def _variants(implementations: list[str], behaviours: list[str]) -> list[tuple[s
 
 
 class Progress:
-    """A one-line progress bar on a terminal, shown once a run has taken ``delay`` seconds."""
+    """A one-line progress bar on a terminal, shown once the runs have taken
+    ``delay`` seconds and redrawn at most every ``interval`` seconds."""
 
-    def __init__(self, total: int, stream: TextIO, delay: float = 2.0) -> None:
-        self.total, self.stream, self.delay = total, stream, delay
-        self.started = time.monotonic()
+    def __init__(self, total: int, stream: TextIO, delay: float = 2.0, interval: float = 0.1) -> None:
+        self.total, self.stream, self.delay, self.interval = total, stream, delay, interval
+        self.drawn = time.monotonic() + delay - interval
         self.shown = False
-        self.done = 0
+        self.done = 0  # requests of the variants already run
         self.label = ""
 
     def update(self, done: int) -> None:
-        if not self.shown and time.monotonic() - self.started < self.delay:
+        now = time.monotonic()
+        if now - self.drawn < self.interval:
             return
+        self.drawn = now
         self.shown = True
         fraction = min((self.done + done) / self.total, 1.0)
         bar = "#" * int(30 * fraction)
@@ -154,8 +158,11 @@ class Progress:
             self.stream.flush()
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> list[RunResult]:
-    """Run the simulation ``args`` describe and print its report to ``out``."""
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> list[RunResult]:
+    """Run the simulation ``args`` describe; the report goes to ``out`` (stdout),
+    the progress bar to ``err`` (stderr) when it is a terminal."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
     try:
         config = WorkloadConfig(**_given(args, WorkloadConfig))
         limits = SchedulerLimits(**_given(args, SchedulerLimits))

@@ -48,8 +48,8 @@ def _findings(results: list[RunResult]) -> list[str]:
         extra = other.counters.encoded_embeds - fixed.counters.encoded_embeds
         share = extra / fixed.counters.encoded_embeds if fixed.counters.encoded_embeds else 0.0
         lines.append(
-            f"{other.name} vs {fixed.name}: {extra:+,} embeddings encoded ({share:+.2%}), "
-            f"{other.counters.evicted_in_use_embeds:,} of them for items evicted while still in use; "
+            f"{other.name} vs {fixed.name}: {extra:+,} embeddings encoded ({share:+.2%}); "
+            f"{other.counters.evicted_in_use_embeds:,} re-encoded for items evicted while still in use; "
             f"bookkeeping x{other.bookkeeping_seconds / max(fixed.bookkeeping_seconds, 1e-12):.2f}"
         )
     rust = _find(results, "rust", "fixed")
@@ -100,7 +100,8 @@ def to_json(config: WorkloadConfig, limits: SchedulerLimits, results: list[RunRe
 
 
 def plot(config: WorkloadConfig, limits: SchedulerLimits, results: list[RunResult], path: str) -> None:
-    """Write a PNG comparing the variants: encoder work, its growth over the run, bookkeeping time."""
+    """Write a PNG comparing the variants: encoder work, work lost to evictions
+    of items in use over the run, bookkeeping time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,7 +109,7 @@ def plot(config: WorkloadConfig, limits: SchedulerLimits, results: list[RunResul
 
     names = [r.name for r in results]
     colors = [f"C{i}" for i in range(len(results))]
-    fig, (work, growth, cost) = plt.subplots(1, 3, figsize=(15, 4.8), constrained_layout=True)
+    fig, (work, lost, cost) = plt.subplots(1, 3, figsize=(15, 4.8), constrained_layout=True)
     fig.suptitle(_header(config, limits, results[0]), fontsize=8)
 
     first = [(r.counters.encoded_embeds - r.counters.recomputed_embeds) / 1e6 for r in results]
@@ -122,11 +123,11 @@ def plot(config: WorkloadConfig, limits: SchedulerLimits, results: list[RunResul
     work.legend(loc="lower right", fontsize=8)
 
     for r, color, style in zip(results, colors, ("-", "--", "-.", ":")):
-        growth.plot([x / 1e6 for x in r.recomputed_by_step], color=color, linestyle=style, label=r.name)
-    growth.set_title("recomputed embeddings over the run")
-    growth.set_xlabel("scheduler step")
-    growth.set_ylabel("millions of embeddings (cumulative)")
-    growth.legend(fontsize=8)
+        lost.plot(r.evicted_in_use_by_step, color=color, linestyle=style, label=r.name)
+    lost.set_title("re-encoded: evicted while still in use")
+    lost.set_xlabel("scheduler step")
+    lost.set_ylabel("embeddings (cumulative)")
+    lost.legend(fontsize=8)
 
     per_step = [r.bookkeeping_us_per_step for r in results]
     cost.bar(names, per_step, color=colors)

@@ -119,9 +119,9 @@ class RunResult:
     #: Wall time inside the manager's methods, summed over the run.
     bookkeeping_seconds: float
     wall_seconds: float
-    #: Cumulative encoded and recomputed embeddings after each step (for plots).
+    #: Cumulative encoded, and evicted-in-use, embeddings after each step (for plots).
     encoded_by_step: list[int]
-    recomputed_by_step: list[int]
+    evicted_in_use_by_step: list[int]
 
     @property
     def name(self) -> str:
@@ -179,7 +179,7 @@ class _Run:
         self.unfinished = workload.num_requests
         self.encoded_ids: set[str] = set()
         self.encoded_by_step: list[int] = []
-        self.recomputed_by_step: list[int] = []
+        self.evicted_in_use_by_step: list[int] = []
         for session in workload.sessions:
             self._arrive(session.arrival, session, 0)
 
@@ -204,7 +204,7 @@ class _Run:
             self.clock += 1
             self.counters.steps += 1
             self.encoded_by_step.append(self.counters.encoded_embeds)
-            self.recomputed_by_step.append(self.counters.recomputed_embeds)
+            self.evicted_in_use_by_step.append(self.counters.evicted_in_use_embeds)
             if self.check:
                 self._check_cache()
             if self.progress is not None and self.counters.steps % 64 == 0:
@@ -428,5 +428,5 @@ def simulate(
         run.bookkeeping,
         wall,
         run.encoded_by_step,
-        run.recomputed_by_step,
+        run.evicted_in_use_by_step,
     )

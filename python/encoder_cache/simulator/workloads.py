@@ -32,6 +32,8 @@ __all__ = [
 ]
 
 KINDS = ("chat", "video", "popular", "mix")
+#: Session arrival rates that load the default scheduler without swamping its KV cache.
+DEFAULT_RATES = {"chat": 0.05, "video": 0.02, "popular": 0.5, "mix": 0.1}
 Range = tuple[int, int]
 
 
@@ -45,9 +47,11 @@ class WorkloadConfig:
     """Every knob of the generated traffic. Ranges are inclusive ``(min, max)``."""
 
     kind: str = option("chat", "the traffic: " + ", ".join(KINDS), flag="--workload")
-    requests: int = option(1000, "number of requests to generate (the scale)", "N")
+    requests: int = option(2000, "number of requests to generate (the scale)", "N")
     seed: int = option(0, "random seed: the same seed gives the same workload and the same counters", "N")
-    arrival_rate: float = option(0.05, "new sessions per scheduler step (Poisson arrivals)", "RATE")
+    arrival_rate: float | None = option(
+        None, "new sessions per scheduler step, Poisson (default: " + ", ".join(f"{k} {r:g}" for k, r in DEFAULT_RATES.items()) + ")", "RATE"
+    )
     system_tokens: int = option(64, "system-prompt tokens at the start of every request", "N")
     text_tokens: Range = option((16, 256), "text tokens of each user message")
     output_tokens: Range = option((16, 256), "tokens each request decodes")
@@ -66,6 +70,8 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown workload {self.kind!r}; choose one of {', '.join(KINDS)}")
+        if self.arrival_rate is None:
+            object.__setattr__(self, "arrival_rate", DEFAULT_RATES[self.kind])
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type == "Range":
