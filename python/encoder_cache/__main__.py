@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     simulate = commands.add_parser(
         "simulate",
         help="replay multimodal serving traffic through a vLLM-like scheduler and compare cache managers",
-        description=cli.__doc__,
+        description="Replay generated multimodal serving traffic through a vLLM-like scheduler with each "
+        "chosen encoder-cache manager; report the encoder work and the bookkeeping time.",
     )
     cli.add_arguments(simulate)
     args = parser.parse_args(argv)

@@ -49,8 +49,7 @@ def _findings(results: list[RunResult]) -> list[str]:
         share = extra / fixed.counters.encoded_embeds if fixed.counters.encoded_embeds else 0.0
         lines.append(
             f"{other.name} vs {fixed.name}: {extra:+,} embeddings encoded ({share:+.2%}); "
-            f"{other.counters.evicted_in_use_embeds:,} re-encoded for items evicted while still in use; "
-            f"bookkeeping x{other.bookkeeping_seconds / max(fixed.bookkeeping_seconds, 1e-12):.2f}"
+            f"{other.counters.evicted_in_use_embeds:,} re-encoded for items evicted while still in use"
         )
     rust = _find(results, "rust", "fixed")
     if rust is not None and fixed is not None:

@@ -119,8 +119,7 @@ class RunResult:
     #: Wall time inside the manager's methods, summed over the run.
     bookkeeping_seconds: float
     wall_seconds: float
-    #: Cumulative encoded, and evicted-in-use, embeddings after each step (for plots).
-    encoded_by_step: list[int]
+    #: Cumulative evicted-in-use embeddings after each step (for the plot).
     evicted_in_use_by_step: list[int]
 
     @property
@@ -178,7 +177,6 @@ class _Run:
         self.pushed = 0
         self.unfinished = workload.num_requests
         self.encoded_ids: set[str] = set()
-        self.encoded_by_step: list[int] = []
         self.evicted_in_use_by_step: list[int] = []
         for session in workload.sessions:
             self._arrive(session.arrival, session, 0)
@@ -203,7 +201,6 @@ class _Run:
             self._update(scheduled)
             self.clock += 1
             self.counters.steps += 1
-            self.encoded_by_step.append(self.counters.encoded_embeds)
             self.evicted_in_use_by_step.append(self.counters.evicted_in_use_embeds)
             if self.check:
                 self._check_cache()
@@ -256,7 +253,7 @@ class _Run:
             skipped: list[_Live] = []
             while self.waiting and len(running) < limits.max_num_seqs and token_budget > 0:
                 live = self.waiting[0]
-                num_new = min(live.num_tokens, token_budget)
+                num_new = min(live.num_tokens - live.request.num_computed_tokens, token_budget)
                 num_new, to_encode, budget_after, repeated = self._try_schedule(live, num_new, encoder_budget)
                 if num_new == 0:
                     skipped.append(self.waiting.popleft())
@@ -292,11 +289,10 @@ class _Run:
             start = perf_counter()
             self.manager.allocate_encoder_inputs(request, to_encode, repeated)
             self.bookkeeping += perf_counter() - start
+        # The items whose placeholders overlap this step's tokens.
         computed = request.num_computed_tokens
         first = bisect_right(live.ends, computed)
         last = bisect_left(live.starts, computed + num_new)
-        if first == last:
-            return
         c, served, features = self.counters, live.served, request.mm_features
         for i in to_encode:
             identifier, embeds = features[i].identifier, features[i].mm_position.length
@@ -335,13 +331,14 @@ class _Run:
             if request.num_computed_tokens >= live.num_tokens:
                 live.num_output += 1
                 live.num_tokens += 1
+            done = live.num_output == live.spec.output_tokens
             start = perf_counter()
             if live.starts:
                 self.manager.free_encoder_inputs_before(request, request.num_computed_tokens)
-            if live.num_output == live.spec.output_tokens:
+            if done:
                 self.manager.free(request)
             self.bookkeeping += perf_counter() - start
-            if live.num_output == live.spec.output_tokens:
+            if done:
                 self._finish(live)
                 finished = True
         if finished:
@@ -387,7 +384,7 @@ class _Run:
 
     def _check_released(self) -> None:
         m = self.manager
-        if any(m.cached.values()) or m.request_cached_ids or m.num_freeable_slots != m.cache_size:
+        if any(m.cached.values()) or m.request_cached_ids or m.request_hash_refs or m.num_freeable_slots != m.cache_size:
             raise SimulationError("references are left after every request finished")
 
 
@@ -427,6 +424,5 @@ def simulate(
         run.counters,
         run.bookkeeping,
         wall,
-        run.encoded_by_step,
         run.evicted_in_use_by_step,
     )

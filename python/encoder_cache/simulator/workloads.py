@@ -61,11 +61,11 @@ class WorkloadConfig:
     repeat_prob: float = option(0.5, "chat: chance that a turn re-attaches an earlier image (recent ones likelier)", "P")
     think_steps: float = option(20.0, "chat: mean steps between an answer and the next turn", "STEPS")
     frames: Range = option((100, 300), "video: frame items per video")
-    frame_embeds: Range = option((64, 256), "video: encoder embeddings per frame")
+    frame_embeds: Range = option((64, 256), "video: encoder embeddings per frame (drawn once per video)")
     catalogue: int = option(32, "popular: number of distinct popular images", "N")
     zipf: float = option(1.1, "popular: Zipf exponent of image popularity", "S")
     popular_images: Range = option((1, 2), "popular: images per request")
-    mix: tuple[float, float, float] = option((2.0, 1.0, 2.0), "mix: weights of chat, video and popular sessions")
+    mix: tuple[float, float, float] = option((2.0, 1.0, 2.0), "mix: weights of chat, video and popular sessions", "C:V:P")
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
