@@ -114,7 +114,7 @@ def plot(config: WorkloadConfig, limits: SchedulerLimits, results: list[RunResul
     first = [(r.counters.encoded_embeds - r.counters.recomputed_embeds) / 1e6 for r in results]
     again = [r.counters.recomputed_embeds / 1e6 for r in results]
     work.bar(names, first, color="0.75", label="first encoding")
-    work.bar(names, again, bottom=first, color=colors, label="recomputed")
+    work.bar(names, again, bottom=first, color=colors, label="recomputed (colour)")
     for x, (a, b) in enumerate(zip(first, again)):
         work.text(x, a + b, f"{a + b:.3f}M", ha="center", va="bottom", fontsize=8)
     work.set_title("encoder embeddings computed")
@@ -133,7 +133,7 @@ def plot(config: WorkloadConfig, limits: SchedulerLimits, results: list[RunResul
     for x, value in enumerate(per_step):
         cost.text(x, value, f"{value:.1f}", ha="center", va="bottom", fontsize=8)
     cost.set_title("encoder-cache bookkeeping per step")
-    cost.set_ylabel("microseconds of CPU per step")
+    cost.set_ylabel("microseconds inside manager calls, per step")
 
     for axes in (work, cost):
         axes.tick_params(axis="x", labelsize=8)
