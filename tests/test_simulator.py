@@ -87,6 +87,7 @@ def test_video_and_popular_items():
         ({"popular_images": (1, 50)}, "exceeds the catalogue"),
         ({"mix": (0.0, 0.0, 0.0)}, "mix needs"),
         ({"arrival_rate": 0.0}, "arrival_rate must be > 0"),
+        ({"think_steps": -1.0}, "think_steps must be >= 0"),
     ],
 )
 def test_bad_workload_config(changes, message):

@@ -21,7 +21,7 @@ from encoder_cache.simulator.scheduler import (
     SimulationError,
     simulate,
 )
-from encoder_cache.simulator.workloads import KINDS, WorkloadConfig, generate
+from encoder_cache.simulator.workloads import WorkloadConfig, generate
 
 __all__ = ["add_arguments", "main", "run"]
 
@@ -83,11 +83,16 @@ def _config_options(parser: argparse.ArgumentParser, cls: type, title: str) -> N
         default = f.default if f.default is not MISSING else None
         shown = ":".join(f"{v:g}" for v in default) if isinstance(default, tuple) else default
         metavar = meta.get("metavar") or ("MIN:MAX" if f.type == "Range" else None)
-        kwargs: dict[str, Any] = {"dest": f.name, "type": _PARSERS[f.type], "default": None, "metavar": metavar}
-        if f.name == "kind":
-            kwargs["choices"] = KINDS
         help = meta["help"] + (f" (default: {shown})" if shown is not None else "")
-        group.add_argument(meta.get("flag") or "--" + f.name.replace("_", "-"), help=help, **kwargs)
+        group.add_argument(
+            meta.get("flag") or "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=_PARSERS[f.type],
+            default=None,  # unset options leave the config's own default
+            choices=meta.get("choices"),
+            metavar=metavar,
+            help=help,
+        )
 
 
 def _given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -135,8 +140,8 @@ class Progress:
     ``delay`` seconds and redrawn at most every ``interval`` seconds."""
 
     def __init__(self, total: int, stream: TextIO, delay: float = 2.0, interval: float = 0.1) -> None:
-        self.total, self.stream, self.delay, self.interval = total, stream, delay, interval
-        self.drawn = time.monotonic() + delay - interval
+        self.total, self.stream, self.interval = total, stream, interval
+        self.drawn = time.monotonic() + delay - interval  # the first draw comes after ``delay``
         self.shown = False
         self.done = 0  # requests of the variants already run
         self.label = ""

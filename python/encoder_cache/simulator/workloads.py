@@ -37,16 +37,18 @@ DEFAULT_RATES = {"chat": 0.05, "video": 0.02, "popular": 0.5, "mix": 0.1}
 Range = tuple[int, int]
 
 
-def option(default: Any, help: str, metavar: str | None = None, flag: str | None = None) -> Any:
-    """A config field whose help (and flag) the command line is built from."""
-    return field(default=default, metadata={"help": help, "metavar": metavar, "flag": flag})
+def option(
+    default: Any, help: str, metavar: str | None = None, flag: str | None = None, choices: Any = None
+) -> Any:
+    """A config field, with what the command line's option for it needs."""
+    return field(default=default, metadata={"help": help, "metavar": metavar, "flag": flag, "choices": choices})
 
 
 @dataclass(frozen=True)
 class WorkloadConfig:
     """Every knob of the generated traffic. Ranges are inclusive ``(min, max)``."""
 
-    kind: str = option("chat", "the traffic: " + ", ".join(KINDS), flag="--workload")
+    kind: str = option("chat", "the traffic", flag="--workload", choices=KINDS)
     requests: int = option(2000, "number of requests to generate (the scale)", "N")
     seed: int = option(0, "random seed: the same seed gives the same workload and the same counters", "N")
     arrival_rate: float | None = option(
@@ -92,8 +94,9 @@ class WorkloadConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
-        if self.seed < 0 or self.system_tokens < 0 or self.think_steps < 0 or self.zipf < 0:
-            raise ValueError("seed, system_tokens, think_steps and zipf must be >= 0")
+        for name in ("seed", "system_tokens", "think_steps", "zipf"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.repeat_prob <= 1.0:
             raise ValueError(f"repeat_prob must be in [0, 1], got {self.repeat_prob}")
         if self.popular_images[1] > self.catalogue:
