@@ -162,8 +162,8 @@ pub trait StepCache {
     fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> Result<bool, CacheError>;
     fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool;
     fn allocate(&mut self, request_id: &str, input_id: usize, item: &Item) -> Result<(), CacheError>;
-    /// The request's held inputs, ascending.
-    fn held_inputs(&self, request_id: &str, num_items: usize) -> Vec<usize>;
+    /// The request's held inputs, in no particular order.
+    fn held_inputs(&self, request_id: &str, num_items: usize) -> impl Iterator<Item = usize> + '_;
     fn free_input(&mut self, request_id: &str, input_id: usize, item: &Item);
 }
 
@@ -186,11 +186,8 @@ impl StepCache for EncoderCache {
         EncoderCache::allocate(self, request_id, input_id, &item.identifier, item.num_embeds)
     }
 
-    fn held_inputs(&self, request_id: &str, _num_items: usize) -> Vec<usize> {
-        let mut held: Vec<usize> =
-            self.cached_input_ids(request_id).map(|inputs| inputs.keys().copied().collect()).unwrap_or_default();
-        held.sort_unstable();
-        held
+    fn held_inputs(&self, request_id: &str, _num_items: usize) -> impl Iterator<Item = usize> + '_ {
+        self.cached_input_ids(request_id).into_iter().flat_map(|inputs| inputs.keys().copied())
     }
 
     fn free_input(&mut self, request_id: &str, input_id: usize, _item: &Item) {
@@ -219,8 +216,8 @@ impl StepCache for EncoderDecoderCache {
     }
 
     /// Every item counts as held until the decoder starts.
-    fn held_inputs(&self, _request_id: &str, num_items: usize) -> Vec<usize> {
-        (0..num_items).collect()
+    fn held_inputs(&self, _request_id: &str, num_items: usize) -> impl Iterator<Item = usize> + '_ {
+        0..num_items
     }
 
     fn free_input(&mut self, _request_id: &str, _input_id: usize, item: &Item) {
@@ -383,11 +380,15 @@ pub fn free_inputs_before<C: StepCache>(
     position: i64,
     decoder_started: bool,
 ) -> Result<Vec<usize>, StepError> {
-    let held = cache.held_inputs(request_id, items.len());
-    check_inputs(items, &held)?;
     let all = C::ENCODER_DECODER && decoder_started;
-    let done: Vec<usize> =
-        held.into_iter().filter(|&i| all || i128::from(items[i].end()) <= i128::from(position)).collect();
+    let mut done = Vec::new();
+    for input_id in cache.held_inputs(request_id, items.len()) {
+        let item = items.get(input_id).ok_or(StepError::InputOutOfRange { input_id, num_items: items.len() })?;
+        if all || i128::from(item.end()) <= i128::from(position) {
+            done.push(input_id);
+        }
+    }
+    done.sort_unstable();
     for &input_id in &done {
         cache.free_input(request_id, input_id, &items[input_id]);
     }
@@ -483,6 +484,21 @@ mod tests {
         assert_eq!((out.num_new_tokens, out.encoder_compute_budget), (0, 50));
         assert!(out.to_encode.is_empty() && out.repeated.is_empty());
         assert!(cache.holds_input("r", 0), "the hit before the mismatch stays");
+    }
+
+    #[test]
+    fn a_held_input_is_still_checked_against_its_item() {
+        let mut cache = EncoderCache::new(100);
+        let items = [item("a", 0, 4)];
+        allocate_inputs(&mut cache, "r", &items, &[0], &[]).unwrap();
+        let hit = step(&mut cache, &items, args(0, 4, 100));
+        assert_eq!(hit, Scheduled { num_new_tokens: 4, encoder_compute_budget: 100, ..Scheduled::default() });
+        // The same request id and input with another size: rejected, as vLLM would.
+        let resized = [Item::new(Arc::from("a"), 0, 4, 5, None)];
+        assert_eq!(step(&mut cache, &resized, args(0, 4, 100)).mismatch.map(|m| m.cached), Some(4));
+        // Another identifier at the held input is refused (free the input first).
+        let err = try_schedule::<_, StepError>(&mut cache, "r", &[item("b", 0, 4)], args(0, 4, 100), &mut |_| Ok(false));
+        assert!(matches!(err, Err(StepError::Cache(CacheError::InputHeld { input_id: 0, .. }))));
     }
 
     #[test]

@@ -101,8 +101,9 @@ class EncoderCacheManager:
         input_id = _index(input_id)
         mm_hash = _identifier(request, input_id)
         request_id = _request_id(request)
-        if self._holds(request_id, input_id, mm_hash):
-            return True
+        # A held input changes nothing here under the fix (its request already
+        # refers to the entry); the pre-fix variant relies on re-referencing it.
+        self._holds(request_id, input_id, mm_hash)
         referrers = self.cached.get(mm_hash)
         if referrers is None:
             return False
@@ -180,7 +181,10 @@ class EncoderCacheManager:
         return True
 
     def _hold(self, request_id: str, input_id: int, mm_hash: str) -> None:
-        self.request_inputs.setdefault(request_id, {})[input_id] = mm_hash
+        inputs = self.request_inputs.setdefault(request_id, {})
+        if input_id in inputs:
+            return
+        inputs[input_id] = mm_hash
         counts = self.request_hash_refs.setdefault(request_id, {})
         counts[mm_hash] = counts.get(mm_hash, 0) + 1
 
