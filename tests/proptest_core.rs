@@ -22,8 +22,11 @@ fn op() -> impl Strategy<Value = Op> {
         8 => (request.clone(), input.clone(), item, proptest::option::weighted(0.1, 0u64..20))
             .prop_map(|(request, input, item, size)| Op::Allocate { request, input, item, size }),
         4 => (request.clone(), input).prop_map(|(request, input)| Op::FreeInput { request, input }),
-        2 => request.prop_map(|request| Op::Free { request }),
+        2 => request.clone().prop_map(|request| Op::Free { request }),
         2 => Just(Op::TakeFreed),
+        4 => (request.clone(), 0i64..130, 0i64..70, -4i64..40)
+            .prop_map(|(request, computed, new_tokens, budget)| Op::Step { request, computed, new_tokens, budget }),
+        2 => (request, 0i64..130).prop_map(|(request, position)| Op::FreeBefore { request, position }),
         1 => Just(Op::Reset),
         1 => Just(Op::Restore),
     ]

@@ -19,12 +19,14 @@ fn decode(chunk: &[u8]) -> Op {
     let input = usize::from(a / REQUESTS) % INPUTS;
     let item = b % ITEMS;
     match kind % 16 {
-        0..=3 => Op::CheckAndUpdate { request, input, item },
-        4..=6 => Op::CanAllocate { item, budget: i64::from(a) - 8, scheduled: i64::from(b / ITEMS) - 8 },
-        7..=10 => Op::Allocate { request, input, item, size: (kind >= 128).then_some(u64::from(b / ITEMS)) },
-        11 | 12 => Op::FreeInput { request, input },
-        13 => Op::Free { request },
-        14 => Op::TakeFreed,
+        0..=2 => Op::CheckAndUpdate { request, input, item },
+        3..=5 => Op::CanAllocate { item, budget: i64::from(a) - 8, scheduled: i64::from(b / ITEMS) - 8 },
+        6..=8 => Op::Allocate { request, input, item, size: (kind >= 128).then_some(u64::from(b / ITEMS)) },
+        9 | 10 => Op::FreeInput { request, input },
+        11 => Op::Free { request },
+        12 => Op::TakeFreed,
+        13 => Op::Step { request, computed: i64::from(a / 2), new_tokens: i64::from(b / 3), budget: i64::from(kind / 4) - 4 },
+        14 => Op::FreeBefore { request, position: i64::from(b / 2) },
         _ if kind & 16 == 0 => Op::Restore,
         _ => Op::Reset,
     }

@@ -3,7 +3,8 @@
 //! target (fuzz/fuzz_targets/core_ops.rs), which only differ in how they
 //! generate operation sequences.
 
-use encoder_cache::EncoderCache;
+use encoder_cache::step::{allocate_inputs, free_inputs_before, try_schedule};
+use encoder_cache::{EncoderCache, Item, StepArgs, StepError};
 
 pub const REQUESTS: u8 = 4;
 pub const INPUTS: usize = 6;
@@ -18,6 +19,10 @@ pub enum Op {
     FreeInput { request: u8, input: usize },
     Free { request: u8 },
     TakeFreed,
+    /// The step-level API: schedule tokens `[computed, computed + new_tokens)`
+    /// of the request, then allocate what the step chose.
+    Step { request: u8, computed: i64, new_tokens: i64, budget: i64 },
+    FreeBefore { request: u8, position: i64 },
     Reset,
     /// Replace the cache by one restored from its snapshot.
     Restore,
@@ -34,6 +39,19 @@ fn request_name(request: u8) -> String {
 /// Each item's usual size: 1 + 3 * item, so sizes collide only on purpose.
 pub fn item_size(item: u8) -> u64 {
     1 + 3 * u64::from(item)
+}
+
+/// The request's items as the step-level API sees them: item `(2r + k) % 4`
+/// at input `k` (so items repeat within a request), 20 tokens apart. The
+/// per-item operations may have cached other items at those inputs, which the
+/// step must refuse cleanly.
+fn items(request: u8) -> Vec<Item> {
+    (0..INPUTS)
+        .map(|k| {
+            let item = (2 * request + k as u8) % 4;
+            Item::new(item_name(item).into(), 20 * k as u64, item_size(item), item_size(item), None)
+        })
+        .collect()
 }
 
 /// Apply `op`, then check every invariant; a refused operation must leave the
@@ -64,6 +82,26 @@ pub fn apply(cache: &mut EncoderCache, op: &Op) -> Result<(), String> {
             if let Some(item) = cache.take_freed().into_iter().find(|item| cache.cached_num_embeds(item).is_some()) {
                 return Err(format!("{item} reported freed but still cached"));
             }
+            false
+        }
+        Op::Step { request, computed, new_tokens, budget } => {
+            // Hits taken before a refused item stay, as in vLLM's loop: only soundness is checked.
+            let (id, items) = (request_name(request), items(request));
+            let args = StepArgs {
+                num_computed_tokens: computed,
+                num_new_tokens: new_tokens,
+                encoder_compute_budget: budget,
+                shift_computed_tokens: 0,
+                disable_chunked_mm_input: computed % 2 == 0,
+            };
+            let remote = |key: &encoder_cache::Key| Ok::<bool, StepError>(key.ends_with('5'));
+            if let Ok(out) = try_schedule(cache, &id, &items, args, &mut { remote }) {
+                let _ = allocate_inputs(cache, &id, &items, &out.to_encode, &out.repeated);
+            }
+            false
+        }
+        Op::FreeBefore { request, position } => {
+            let _ = free_inputs_before(cache, &request_name(request), &items(request), position, false);
             false
         }
         Op::Reset => {
