@@ -63,7 +63,7 @@ def run_op(manager, requests: list[Request], op: tuple):
     name, *args = op
     if name == "restore":
         return type(manager).restore(json.loads(json.dumps(manager.snapshot()))), None
-    if name in ("get_freed_mm_hashes",):
+    if name == "get_freed_mm_hashes":
         return manager, manager.get_freed_mm_hashes()
     request = requests[args[0] % len(requests)]
     try:
