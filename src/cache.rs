@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use hashbrown::hash_map::EntryRef;
 use hashbrown::{HashMap, HashSet};
 use hashlink::LinkedHashMap;
 
@@ -140,19 +141,31 @@ impl EncoderCache {
     /// `input_id` (taking it off the eviction list if it was unreferenced) and
     /// return true.
     pub fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> bool {
+        // A repeat (vLLM asks again for an item that spans several steps):
+        // the request holds the input as this item, which is therefore cached
+        // and referenced by it, and there is nothing to change.
+        if self.held_as(request_id, input_id, identifier) {
+            return true;
+        }
         let Some((key, entry)) = self.entries.get_key_value_mut(identifier) else {
             return false;
         };
-        let key = key.clone();
         if entry.referrers.is_empty() {
             if let Some(n) = self.freeable.remove(identifier) {
                 self.num_freeable_slots -= n;
             }
         }
-        let request_key = Self::intern_request(&mut self.requests, request_id);
-        entry.referrers.insert(request_key.clone());
-        Self::add_occurrence(&mut self.requests, &request_key, input_id, key);
+        let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
+        entry.referrers.insert(request_key);
+        Self::add_occurrence(refs, input_id, key.clone());
         true
+    }
+
+    fn held_as(&self, request_id: &str, input_id: usize, identifier: &str) -> bool {
+        self.requests
+            .get(request_id)
+            .and_then(|refs| refs.inputs.get(&input_id))
+            .is_some_and(|held| **held == *identifier)
     }
 
     /// Whether an item of `num_embeds` fits in the compute budget and, with
@@ -211,11 +224,11 @@ impl EncoderCache {
     pub fn allocate(&mut self, request_id: &str, input_id: usize, identifier: &str, num_embeds: u64) -> Result<(), CacheError> {
         self.check_allocate(identifier, num_embeds)?;
         let key: Key = Arc::from(identifier);
-        let request_key = Self::intern_request(&mut self.requests, request_id);
+        let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
+        Self::add_occurrence(refs, input_id, key.clone());
         let mut referrers = HashSet::with_capacity(1);
-        referrers.insert(request_key.clone());
-        self.entries.insert(key.clone(), Entry { num_embeds, referrers });
-        Self::add_occurrence(&mut self.requests, &request_key, input_id, key);
+        referrers.insert(request_key);
+        self.entries.insert(key, Entry { num_embeds, referrers });
         self.num_free_slots -= num_embeds;
         self.num_freeable_slots -= num_embeds;
         Ok(())
@@ -281,6 +294,8 @@ impl EncoderCache {
             return;
         };
         if entry.referrers.remove(request_id) && entry.referrers.is_empty() {
+            // An unreferenced entry may wait long for eviction: give its table back.
+            entry.referrers = HashSet::new();
             self.freeable.insert(identifier.clone(), entry.num_embeds);
             self.num_freeable_slots += entry.num_embeds;
         }
@@ -297,23 +312,19 @@ impl EncoderCache {
         false
     }
 
-    fn intern_request(requests: &mut HashMap<Key, RequestRefs>, request_id: &str) -> Key {
-        match requests.get_key_value(request_id) {
-            Some((k, _)) => k.clone(),
-            None => {
-                let k: Key = Arc::from(request_id);
-                requests.insert(k.clone(), RequestRefs::default());
-                k
-            }
-        }
+    /// The request's holdings and its shared id, created on first use.
+    fn request_refs<'a>(requests: &'a mut HashMap<Key, RequestRefs>, request_id: &str) -> (Key, &'a mut RequestRefs) {
+        let entry = match requests.entry_ref(request_id) {
+            EntryRef::Occupied(entry) => entry,
+            EntryRef::Vacant(entry) => entry.insert_entry(RequestRefs::default()),
+        };
+        (entry.key().clone(), entry.into_mut())
     }
 
-    fn add_occurrence(requests: &mut HashMap<Key, RequestRefs>, request_key: &Key, input_id: usize, identifier: Key) {
-        let refs = requests.get_mut(request_key).expect("interned above");
-        if refs.inputs.contains_key(&input_id) {
-            return;
+    fn add_occurrence(refs: &mut RequestRefs, input_id: usize, identifier: Key) {
+        if let hashbrown::hash_map::Entry::Vacant(slot) = refs.inputs.entry(input_id) {
+            *refs.occurrences.entry(identifier.clone()).or_insert(0) += 1;
+            slot.insert(identifier);
         }
-        *refs.occurrences.entry(identifier.clone()).or_insert(0) += 1;
-        refs.inputs.insert(input_id, identifier);
     }
 }

@@ -2,6 +2,7 @@
 //! to the pure-Rust core; no bookkeeping decisions are made in this module.
 
 mod encoder_decoder;
+mod floor;
 mod manager;
 mod request;
 
@@ -11,5 +12,6 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyEncoderCacheManager>()?;
     m.add_class::<encoder_decoder::PyEncoderDecoderCacheManager>()?;
+    m.add_class::<floor::CallFloor>()?;
     Ok(())
 }
