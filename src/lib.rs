@@ -10,5 +10,5 @@ pub mod encoder_decoder;
 #[cfg(feature = "python")]
 mod bindings;
 
-pub use cache::{CacheError, EncoderCache, Entry, Key, RequestRefs};
+pub use cache::{CacheError, EncoderCache, Entry, Key, Referrers, RequestRefs};
 pub use encoder_decoder::EncoderDecoderCache;
