@@ -46,6 +46,12 @@ def schedule(manager, request: Request) -> None:
             manager.allocate(request, i)
 
 
-def floor():
-    """A PyO3 object whose methods take the manager's arguments and do nothing."""
-    return _core._CallFloor()
+#: Stand-ins with the manager's methods that change nothing: ``floor`` does
+#: nothing at all (the cost of the call itself), ``reads`` reads from the
+#: request what the manager reads (the Python side of vLLM's per-call API).
+FLOORS = ("floor", "reads")
+
+
+def floor(impl: str):
+    """The PyO3 stand-in named ``impl`` (one of FLOORS)."""
+    return _core._CallFloor(reads=impl == "reads")
