@@ -50,3 +50,18 @@ def test_before_the_fix_the_first_free_exposes_the_item_to_eviction():
     assert manager.freeable == {"imgA": 4}
     assert manager.can_allocate(other, 0, int(1e9), 0)
     assert manager.get_freed_mm_hashes() == ["imgA"]
+
+
+def test_before_the_fix_a_later_hit_on_a_held_input_references_the_item_again():
+    manager = PreFixEncoderCacheManager(cache_size=8)
+    request = make_request("r1", ["imgA", "imgA"], [4, 4])
+    manager.allocate(request, 0)
+    assert manager.check_and_update_cache(request, 1)
+    manager.free_encoder_input(request, 0)
+    assert manager.freeable == {"imgA": 4}
+
+    # The scheduler checks the still-running occurrence again next step.
+    assert manager.check_and_update_cache(request, 1)
+    assert manager.freeable == {}
+    assert manager.cached == {"imgA": {"r1"}}
+    assert manager.request_hash_refs == {"r1": {"imgA": 1}}

@@ -3,22 +3,28 @@
 
 use std::sync::Arc;
 
+use pyo3::gc::{PyTraverseError, PyVisit};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PySet, PyType};
+use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
-use super::request::{count, identifier, input_index, num_embeds, num_features};
+use super::request::{count, identifier, input_index, num_embeds, num_features, request_id};
+use super::state::{encoder_decoder_state_from_dict, encoder_decoder_state_to_dict};
+use super::step::{ItemRecords, StepRequest};
 use crate::encoder_decoder::EncoderDecoderCache;
+use crate::step::StepArgs;
 
 #[pyclass(module = "encoder_cache._core", name = "EncoderDecoderCacheManager", subclass)]
 pub struct PyEncoderDecoderCacheManager {
     cache: EncoderDecoderCache,
+    records: ItemRecords,
 }
 
 #[pymethods]
 impl PyEncoderDecoderCacheManager {
     #[new]
     fn new(cache_size: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Self { cache: EncoderDecoderCache::new(count(cache_size, "cache_size")?) })
+        Ok(Self { cache: EncoderDecoderCache::new(count(cache_size, "cache_size")?), records: ItemRecords::default() })
     }
 
     #[classmethod]
@@ -34,6 +40,7 @@ impl PyEncoderDecoderCacheManager {
 
     fn reset(&mut self) {
         self.cache.reset();
+        self.records.clear();
     }
 
     /// Nothing is shared between requests, so there is never a hit.
@@ -49,14 +56,15 @@ impl PyEncoderDecoderCacheManager {
     }
 
     fn can_allocate(
-        &self,
+        slf: &Bound<'_, Self>,
         request: &Bound<'_, PyAny>,
         input_id: i64,
         encoder_compute_budget: i64,
         num_embeds_to_schedule: i64,
     ) -> PyResult<bool> {
         let n = num_embeds(request, input_index(input_id)?)?;
-        Ok(self.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule))
+        let fits = slf.try_borrow()?.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule);
+        Ok(fits)
     }
 
     fn allocate(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
@@ -68,8 +76,8 @@ impl PyEncoderDecoderCacheManager {
     }
 
     /// Every item of the request counts as held until the decoder starts.
-    fn get_cached_input_ids<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
-        PySet::new(py, 0..num_features(request)?)
+    fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
+        PySet::new(slf.py(), 0..num_features(request)?)
     }
 
     fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
@@ -80,9 +88,14 @@ impl PyEncoderDecoderCacheManager {
 
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
         let sizes = (0..num_features(request)?).map(|i| num_embeds(request, i)).collect::<PyResult<Vec<u64>>>()?;
+        // Only requests seen by the step-level API have records (and those have an id).
+        let recorded = if slf.try_borrow()?.records.is_empty() { None } else { Some(request_id(request)?) };
         let mut this = slf.try_borrow_mut()?;
         for n in sizes {
             this.cache.free_encoder_input(n);
+        }
+        if let Some(req) = recorded {
+            this.records.forget(req.to_str()?);
         }
         Ok(())
     }
@@ -102,7 +115,7 @@ impl PyEncoderDecoderCacheManager {
     }
 
     #[getter]
-    fn num_free_slots(&self) -> i64 {
+    fn num_free_slots(&self) -> i128 {
         self.cache.num_free_slots()
     }
 
@@ -118,11 +131,96 @@ impl PyEncoderDecoderCacheManager {
         PyList::new(py, self.cache.to_free().iter().map(|k| &**k))
     }
 
+    // Step-level API: vLLM's per-item scheduler loops as one call per request
+    // per step, over item records read from the request once (see `step`).
+
+    #[pyo3(signature = (
+        request, num_computed_tokens, num_new_tokens, encoder_compute_budget, shift_computed_tokens=0,
+        *, disable_chunked_mm_input=false, has_remote_item=None, on_mismatch=None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn try_schedule_encoder_inputs<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+        num_computed_tokens: i64,
+        num_new_tokens: i64,
+        encoder_compute_budget: i64,
+        shift_computed_tokens: i64,
+        disable_chunked_mm_input: bool,
+        has_remote_item: Option<&Bound<'py, PyAny>>,
+        on_mismatch: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let args = StepArgs {
+            num_computed_tokens,
+            num_new_tokens,
+            encoder_compute_budget,
+            shift_computed_tokens,
+            disable_chunked_mm_input,
+        };
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let out = {
+            let this = &mut *slf.try_borrow_mut()?;
+            req.try_schedule(&mut this.cache, &mut this.records, args, has_remote_item)?
+        };
+        req.result(out, on_mismatch)
+    }
+
+    fn allocate_encoder_inputs(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        input_ids: Vec<i64>,
+        duplicate_input_ids: Vec<i64>,
+    ) -> PyResult<()> {
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let this = &mut *slf.try_borrow_mut()?;
+        req.allocate(&mut this.cache, &mut this.records, input_ids, duplicate_input_ids)
+    }
+
+    fn free_encoder_inputs_before(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        position: i64,
+    ) -> PyResult<Vec<usize>> {
+        let decoder_started = request.getattr(intern!(request.py(), "num_computed_tokens"))?.extract::<i64>()? > 0;
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let this = &mut *slf.try_borrow_mut()?;
+        req.free_before(&mut this.cache, &mut this.records, position, decoder_started)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.records.traverse(&visit)
+    }
+
+    fn __clear__(&mut self) {
+        self.records.clear();
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "EncoderDecoderCacheManager(cache_size={}, num_free_slots={})",
             self.cache.cache_size(),
             self.cache.num_free_slots()
         )
+    }
+
+    // Reliability: invariant check and state dump/restore (see src/bindings/state.rs).
+
+    /// Never raises: vLLM's encoder-decoder bookkeeping has no rule beyond its
+    /// types (frees are not matched against allocations, so the free-slot count
+    /// may leave [0, cache_size]). Here so both managers have the same API.
+    fn check_invariants(&self) {}
+
+    /// The whole state as a plain dict (`json.dumps`-able); `restore` takes it back.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        encoder_decoder_state_to_dict(py, &self.cache.snapshot())
+    }
+
+    /// A manager in the state `snapshot()` gave.
+    #[classmethod]
+    fn restore<'py>(cls: &Bound<'py, PyType>, state: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let state = encoder_decoder_state_from_dict(state)?;
+        let manager = cls.call1((state.cache_size,))?;
+        manager.cast::<Self>()?.try_borrow_mut()?.cache = EncoderDecoderCache::restore(&state);
+        Ok(manager)
     }
 }

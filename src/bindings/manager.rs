@@ -1,15 +1,20 @@
 //! `EncoderCacheManager`: vLLM 0.33's Python API over [`EncoderCache`].
 
 use pyo3::exceptions::PyValueError;
+use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PySet, PyType};
+use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::request::{count, identifier, input_index, num_embeds, request_id};
+use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
+use super::step::{ItemRecords, StepRequest};
 use crate::cache::{CacheError, EncoderCache};
+use crate::step::StepArgs;
 
 #[pyclass(module = "encoder_cache._core", name = "EncoderCacheManager", subclass)]
 pub struct PyEncoderCacheManager {
     cache: EncoderCache,
+    records: ItemRecords,
 }
 
 impl From<CacheError> for PyErr {
@@ -22,7 +27,7 @@ impl From<CacheError> for PyErr {
 impl PyEncoderCacheManager {
     #[new]
     fn new(cache_size: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Self { cache: EncoderCache::new(count(cache_size, "cache_size")?) })
+        Ok(Self { cache: EncoderCache::new(count(cache_size, "cache_size")?), records: ItemRecords::default() })
     }
 
     /// vLLM's factory hook: `cls(cache_size)`, so subclasses construct themselves.
@@ -39,19 +44,21 @@ impl PyEncoderCacheManager {
 
     fn reset(&mut self) {
         self.cache.reset();
+        self.records.clear();
     }
 
     fn check_and_update_cache(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<bool> {
         let input_id = input_index(input_id)?;
         let item = identifier(request, input_id)?;
         let req = request_id(request)?;
-        let hit = slf.try_borrow_mut()?.cache.check_and_update_cache(req.to_str()?, input_id, item.to_str()?);
+        let hit = slf.try_borrow_mut()?.cache.check_and_update_cache(req.to_str()?, input_id, item.to_str()?)?;
         Ok(hit)
     }
 
-    fn get_cached_num_encoder_embeds(&self, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
+    fn get_cached_num_encoder_embeds(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
         let item = identifier(request, input_index(input_id)?)?;
-        Ok(self.cache.cached_num_embeds(item.to_str()?))
+        let n = slf.try_borrow()?.cache.cached_num_embeds(item.to_str()?);
+        Ok(n)
     }
 
     fn can_allocate(
@@ -75,11 +82,12 @@ impl PyEncoderCacheManager {
         Ok(())
     }
 
-    fn get_cached_input_ids<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
+    fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let req = request_id(request)?;
-        match self.cache.cached_input_ids(req.to_str()?) {
-            Some(inputs) => PySet::new(py, inputs.keys()),
-            None => PySet::empty(py),
+        let this = slf.try_borrow()?;
+        match this.cache.cached_input_ids(req.to_str()?) {
+            Some(inputs) => PySet::new(slf.py(), inputs.keys()),
+            None => PySet::empty(slf.py()),
         }
     }
 
@@ -96,7 +104,10 @@ impl PyEncoderCacheManager {
 
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
         let req = request_id(request)?;
-        slf.try_borrow_mut()?.cache.free(req.to_str()?);
+        let req = req.to_str()?;
+        let mut this = slf.try_borrow_mut()?;
+        this.cache.free(req);
+        this.records.forget(req);
         Ok(())
     }
 
@@ -184,6 +195,69 @@ impl PyEncoderCacheManager {
         PyList::new(py, self.cache.freed().iter().map(|k| &**k))
     }
 
+    // Step-level API: vLLM's per-item scheduler loops as one call per request
+    // per step, over item records read from the request once (see `step`).
+
+    #[pyo3(signature = (
+        request, num_computed_tokens, num_new_tokens, encoder_compute_budget, shift_computed_tokens=0,
+        *, disable_chunked_mm_input=false, has_remote_item=None, on_mismatch=None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn try_schedule_encoder_inputs<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+        num_computed_tokens: i64,
+        num_new_tokens: i64,
+        encoder_compute_budget: i64,
+        shift_computed_tokens: i64,
+        disable_chunked_mm_input: bool,
+        has_remote_item: Option<&Bound<'py, PyAny>>,
+        on_mismatch: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let args = StepArgs {
+            num_computed_tokens,
+            num_new_tokens,
+            encoder_compute_budget,
+            shift_computed_tokens,
+            disable_chunked_mm_input,
+        };
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let out = {
+            let this = &mut *slf.try_borrow_mut()?;
+            req.try_schedule(&mut this.cache, &mut this.records, args, has_remote_item)?
+        };
+        req.result(out, on_mismatch)
+    }
+
+    fn allocate_encoder_inputs(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        input_ids: Vec<i64>,
+        duplicate_input_ids: Vec<i64>,
+    ) -> PyResult<()> {
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let this = &mut *slf.try_borrow_mut()?;
+        req.allocate(&mut this.cache, &mut this.records, input_ids, duplicate_input_ids)
+    }
+
+    fn free_encoder_inputs_before(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        position: i64,
+    ) -> PyResult<Vec<usize>> {
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let this = &mut *slf.try_borrow_mut()?;
+        req.free_before(&mut this.cache, &mut this.records, position, false)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.records.traverse(&visit)
+    }
+
+    fn __clear__(&mut self) {
+        self.records.clear();
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "EncoderCacheManager(cache_size={}, num_free_slots={}, num_freeable_slots={}, entries={}, requests={})",
@@ -193,6 +267,29 @@ impl PyEncoderCacheManager {
             self.cache.entries().len(),
             self.cache.requests().len(),
         )
+    }
+
+    // Reliability: invariant check and state dump/restore (see src/bindings/state.rs).
+
+    /// Raise `encoder_cache.InvariantError` naming the first broken bookkeeping rule.
+    fn check_invariants(&self) -> PyResult<()> {
+        self.cache.check_invariants().map_err(invariant_error)
+    }
+
+    /// The whole state as a plain dict (`json.dumps`-able); `restore` takes it back.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        cache_state_to_dict(py, &self.cache.snapshot())
+    }
+
+    /// A manager in the state `snapshot()` gave; ValueError if it breaks an invariant.
+    #[classmethod]
+    fn restore<'py>(cls: &Bound<'py, PyType>, state: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let state = cache_state_from_dict(state)?;
+        let cache = EncoderCache::restore(&state)
+            .map_err(|v| PyValueError::new_err(format!("inconsistent state: {v}")))?;
+        let manager = cls.call1((state.cache_size,))?;
+        manager.cast::<Self>()?.try_borrow_mut()?.cache = cache;
+        Ok(manager)
     }
 }
 
