@@ -62,33 +62,39 @@ def machine(data: dict) -> list[str]:
     ]
 
 
-def call_table(groups: dict[str, dict[str, dict]]) -> list[str]:
-    lines = [
-        "| case | Python | Rust | Python / Rust | floor | Rust / floor | reads | Python / reads |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for group, b in groups.items():
-        py, rs, fl, rd = b["python"], b["rust"], b["floor"], b["reads"]
-        lines.append(
-            f"| {group} | {fmt_time(median(py))} | {fmt_time(median(rs))} | {ratio(py, rs)} "
-            f"| {fmt_time(median(fl))} | {ratio(rs, fl)} | {fmt_time(median(rd))} | {ratio(py, rd)} |"
-        )
-    return lines
+def time_of(impl: str):
+    return lambda b: fmt_time(median(b[impl])) if impl in b else ""
 
 
-def request_table(groups: dict[str, dict[str, dict]]) -> list[str]:
+def ratio_of(slow: str, fast: str):
+    return lambda b: ratio(b[slow], b[fast]) if slow in b and fast in b else ""
+
+
+#: The columns of the timing tables: (header, cell of a group's benchmarks).
+CALL_COLUMNS = [
+    ("Python", time_of("python")),
+    ("Rust", time_of("rust")),
+    ("Python / Rust", ratio_of("python", "rust")),
+    ("floor", time_of("floor")),
+    ("Rust / floor", ratio_of("rust", "floor")),
+    ("reads", time_of("reads")),
+    ("Python / reads", ratio_of("python", "reads")),
+]
+REQUEST_COLUMNS = [
+    *CALL_COLUMNS[:4],
+    *CALL_COLUMNS[5:],
+    ("any() scan", time_of("anyscan")),
+    ("any() scan / Rust", ratio_of("anyscan", "rust")),
+]
+
+
+def timing_table(groups: dict[str, dict[str, dict]], columns) -> list[str]:
     lines = [
-        "| case | Python | Rust | Python / Rust | floor | reads | Python / reads | any() scan | any() scan / Rust |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| case | " + " | ".join(header for header, _ in columns) + " |",
+        "| --- |" + " ---: |" * len(columns),
     ]
-    for group, b in groups.items():
-        py, rs, fl, rd = b["python"], b["rust"], b["floor"], b["reads"]
-        scan = b.get("anyscan")
-        scan_cells = f"{fmt_time(median(scan))} | {ratio(scan, rs)}" if scan else " | "
-        lines.append(
-            f"| {group} | {fmt_time(median(py))} | {fmt_time(median(rs))} | {ratio(py, rs)} "
-            f"| {fmt_time(median(fl))} | {fmt_time(median(rd))} | {ratio(py, rd)} | {scan_cells} |"
-        )
+    for group, benches in groups.items():
+        lines.append(f"| {group} | " + " | ".join(cell(benches) for _, cell in columns) + " |")
     return lines
 
 
@@ -112,8 +118,8 @@ def main(path: str) -> None:
     benchmarks = data["benchmarks"]
     sections = [
         ("Machine", machine(data)),
-        ("Per call, warm cache", call_table(by_group(benchmarks, "bench_calls"))),
-        ("Per request (time per round)", request_table(by_group(benchmarks, "bench_lifecycle"))),
+        ("Per call, warm cache", timing_table(by_group(benchmarks, "bench_calls"), CALL_COLUMNS)),
+        ("Per request (time per round)", timing_table(by_group(benchmarks, "bench_lifecycle"), REQUEST_COLUMNS)),
         ("Memory, 100k entries", memory_table(by_group(benchmarks, "bench_memory"))),
     ]
     for title, lines in sections:
