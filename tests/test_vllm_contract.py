@@ -20,6 +20,7 @@ import encoder_cache
 from encoder_cache import MultiModalFeature, PlaceholderRange, Request, reference
 
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+_ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
 
 
 class StockManagerStandIn:
@@ -53,6 +54,10 @@ class SchedulerStandIn:
         return cached != requested
 
 
+class AsyncSchedulerStandIn(SchedulerStandIn):
+    pass
+
+
 class RecordingConnector:
     def __init__(self, remote=()):
         self.remote = set(remote)
@@ -70,11 +75,12 @@ class RecordingConnector:
 
 def _install_vllm(monkeypatch, version="0.33.0"):
     """Put a stand-in vLLM in sys.modules and return a fresh encoder_cache.vllm."""
-    names = ["vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched", _SCHEDULER_MODULE]
+    names = ["vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched", _SCHEDULER_MODULE, _ASYNC_SCHEDULER_MODULE]
     for name in names:
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     sys.modules["vllm"].__version__ = version
     sys.modules[_SCHEDULER_MODULE].Scheduler = SchedulerStandIn
+    sys.modules[_ASYNC_SCHEDULER_MODULE].AsyncScheduler = AsyncSchedulerStandIn
     return _fresh_import(monkeypatch)
 
 
@@ -182,30 +188,41 @@ def test_hook_keeps_the_rust_managers_input_checks(monkeypatch):
 # --- the scheduler subclass --------------------------------------------------
 
 
-def _scheduler(monkeypatch, connector=None, cache_size=64, **config):
+@pytest.fixture(params=["Scheduler", "AsyncScheduler"])
+def scheduler_cls(request, monkeypatch):
+    """Each of our scheduler classes, built on the stand-in vLLM."""
+    return getattr(_install_vllm(monkeypatch), request.param)
+
+
+def test_each_scheduler_extends_its_vllm_namesake(monkeypatch):
     hook = _install_vllm(monkeypatch)
-    return hook.Scheduler(_config(**config), ec_connector=connector, cache_size=cache_size)
+    assert issubclass(hook.Scheduler, SchedulerStandIn)
+    assert issubclass(hook.AsyncScheduler, AsyncSchedulerStandIn)
 
 
-def test_scheduler_installs_the_rust_manager_when_none_is_configured(monkeypatch):
-    scheduler = _scheduler(monkeypatch, cache_size=48, manager_cls=None)
+def _scheduler(scheduler_cls, connector=None, cache_size=64, **config):
+    return scheduler_cls(_config(**config), ec_connector=connector, cache_size=cache_size)
+
+
+def test_scheduler_installs_the_rust_manager_when_none_is_configured(scheduler_cls):
+    scheduler = _scheduler(scheduler_cls, cache_size=48, manager_cls=None)
     assert isinstance(scheduler.encoder_cache_manager, encoder_cache.EncoderCacheManager)
     assert scheduler.encoder_cache_manager.cache_size == 48
 
 
-def test_scheduler_installs_the_encoder_decoder_variant_when_needed(monkeypatch):
-    scheduler = _scheduler(monkeypatch, manager_cls=None, enc_dec=True)
+def test_scheduler_installs_the_encoder_decoder_variant_when_needed(scheduler_cls):
+    scheduler = _scheduler(scheduler_cls, manager_cls=None, enc_dec=True)
     assert type(scheduler.encoder_cache_manager) is encoder_cache.EncoderDecoderCacheManager
 
 
-def test_scheduler_refuses_a_configured_manager_without_the_step_api(monkeypatch):
+def test_scheduler_refuses_a_configured_manager_without_the_step_api(scheduler_cls):
     stand_in = f"{__name__}.StockManagerStandIn"
     with pytest.raises(TypeError, match="step-level API.*StockManagerStandIn"):
-        _scheduler(monkeypatch, manager_cls=stand_in)
+        _scheduler(scheduler_cls, manager_cls=stand_in)
 
 
-def test_scheduler_keeps_a_configured_manager_with_the_step_api(monkeypatch):
-    scheduler = _scheduler(monkeypatch, manager_cls="encoder_cache.reference.EncoderCacheManager")
+def test_scheduler_keeps_a_configured_manager_with_the_step_api(scheduler_cls):
+    scheduler = _scheduler(scheduler_cls, manager_cls="encoder_cache.reference.EncoderCacheManager")
     assert type(scheduler.encoder_cache_manager) is reference.EncoderCacheManager
 
 
@@ -218,9 +235,9 @@ def _step(scheduler, request, computed, new_tokens, budget):
     return result
 
 
-def test_scheduler_steps_match_the_reference_loop(monkeypatch):
+def test_scheduler_steps_match_the_reference_loop(scheduler_cls):
     """Same calls through the subclass (Rust) and on the Python reference."""
-    scheduler = _scheduler(monkeypatch, cache_size=40)
+    scheduler = _scheduler(scheduler_cls, cache_size=40)
     oracle = reference.EncoderCacheManager(40)
     a = _request("a", [("x", 2, 8), ("y", 12, 8), ("x", 24, 8)])
     b = _request("b", [("y", 0, 8), ("z", 10, 16), ("w", 30, 16)])
@@ -240,8 +257,8 @@ def test_scheduler_steps_match_the_reference_loop(monkeypatch):
     assert scheduler.rejected == []
 
 
-def test_scheduler_frees_only_inputs_before_confirmed_progress(monkeypatch):
-    scheduler = _scheduler(monkeypatch)
+def test_scheduler_frees_only_inputs_before_confirmed_progress(scheduler_cls):
+    scheduler = _scheduler(scheduler_cls)
     request = _request("r", [("p", 0, 4), ("q", 6, 4)])
     _step(scheduler, request, 0, 10, 100)
     # 10 tokens scheduled but 6 of them still in flight: only "p" is behind progress.
@@ -250,9 +267,9 @@ def test_scheduler_frees_only_inputs_before_confirmed_progress(monkeypatch):
     assert scheduler.encoder_cache_manager.get_cached_input_ids(request) == {1}
 
 
-def test_scheduler_tells_the_connector_per_input(monkeypatch):
+def test_scheduler_tells_the_connector_per_input(scheduler_cls):
     connector = RecordingConnector(remote={"far"})
-    scheduler = _scheduler(monkeypatch, connector=connector)
+    scheduler = _scheduler(scheduler_cls, connector=connector)
     request = _request("r", [("near", 0, 4), ("far", 5, 4), ("near", 10, 4)])
     to_encode, num_new, _, remote, repeated = _step(scheduler, request, 0, 14, 100)
     assert (to_encode, num_new, remote, repeated) == ([0], 14, [1], [2])
@@ -267,8 +284,8 @@ def test_scheduler_tells_the_connector_per_input(monkeypatch):
     ]
 
 
-def test_scheduler_reports_embed_count_mismatch_through_vllms_hook(monkeypatch):
-    scheduler = _scheduler(monkeypatch)
+def test_scheduler_reports_embed_count_mismatch_through_vllms_hook(scheduler_cls):
+    scheduler = _scheduler(scheduler_cls)
     _step(scheduler, _request("a", [("same-uuid", 0, 8)]), 0, 8, 100)
     clash = _request("b", [("same-uuid", 0, 12)])
     assert scheduler._try_schedule_encoder_inputs(clash, 0, 12, 77) == ([], 0, 77, [], [])
@@ -276,15 +293,15 @@ def test_scheduler_reports_embed_count_mismatch_through_vllms_hook(monkeypatch):
 
 
 @pytest.mark.parametrize("chunked_mm", [True, False])
-def test_scheduler_passes_vllms_chunked_mm_setting(monkeypatch, chunked_mm):
-    scheduler = _scheduler(monkeypatch, chunked_mm=chunked_mm)
+def test_scheduler_passes_vllms_chunked_mm_setting(scheduler_cls, chunked_mm):
+    scheduler = _scheduler(scheduler_cls, chunked_mm=chunked_mm)
     request = _request("r", [("img", 4, 10)])
     _, num_new_tokens, *_ = scheduler._try_schedule_encoder_inputs(request, 0, 8, 100)
     assert num_new_tokens == (8 if chunked_mm else 4)
 
 
-def test_encoder_decoder_scheduler_frees_all_once_decoding_started(monkeypatch):
-    scheduler = _scheduler(monkeypatch, manager_cls=None, enc_dec=True, cache_size=100)
+def test_encoder_decoder_scheduler_frees_all_once_decoding_started(scheduler_cls):
+    scheduler = _scheduler(scheduler_cls, manager_cls=None, enc_dec=True, cache_size=100)
     request = _request("r", [("audio", 0, 30)])
     to_encode, *_ = _step(scheduler, request, 0, 1, 100)
     assert to_encode == [0] and scheduler.encoder_cache_manager.num_free_slots == 70

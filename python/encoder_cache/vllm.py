@@ -5,9 +5,11 @@ Two independent switches, both named by qualified class name in vLLM's config:
 - ``encoder_cache.vllm.EncoderCacheManager`` for
   ``EncoderCacheManagerConfig.encoder_cache_manager_cls``: vLLM's scheduler
   keeps its own per-item loop but every cache operation runs in Rust.
-- ``encoder_cache.vllm.Scheduler`` for ``SchedulerConfig.scheduler_cls``:
-  vLLM's scheduler with the per-item encoder loops replaced by one Rust call
-  per request per step (it brings the Rust manager with it).
+- ``encoder_cache.vllm.AsyncScheduler`` (async scheduling, vLLM's default)
+  or ``encoder_cache.vllm.Scheduler`` (``--no-async-scheduling``) for
+  ``SchedulerConfig.scheduler_cls``: vLLM's scheduler with the per-item
+  encoder loops replaced by one Rust call per request per step (it brings the
+  Rust manager with it).
 
 This is the only module of the package that imports vLLM. Importing it
 without vLLM, or with a vLLM outside the 0.33 series, raises ImportError; set
@@ -49,9 +51,10 @@ def _import_vllm() -> Any:
 
 _import_vllm()
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler  # noqa: E402
 
-__all__ = ["SUPPORTED_SERIES", "VERSION_OVERRIDE_ENV", "EncoderCacheManager", "Scheduler"]
+__all__ = ["SUPPORTED_SERIES", "VERSION_OVERRIDE_ENV", "AsyncScheduler", "EncoderCacheManager", "Scheduler"]
 
 
 class EncoderCacheManager(_core.EncoderCacheManager):
@@ -80,10 +83,11 @@ class EncoderCacheManager(_core.EncoderCacheManager):
         return cls(cache_size)
 
 
-class Scheduler(_VllmScheduler):
-    """vLLM 0.33's scheduler with the encoder-input loops done in Rust.
+class _StepLevelEncoderInputs:
+    """The encoder-input loops of vLLM 0.33's scheduler, done in Rust.
 
-    Name it in ``scheduler_config.scheduler_cls``. ``_try_schedule_encoder_inputs``,
+    Name a class built on it in ``scheduler_config.scheduler_cls``.
+    ``_try_schedule_encoder_inputs``,
     ``_allocate_encoder_inputs`` and ``_free_encoder_inputs`` each become one
     call to the manager's step-level API; the EC connector calls, vLLM's
     mismatch warning and its rejected-request bookkeeping are kept. With no
@@ -143,3 +147,11 @@ class Scheduler(_VllmScheduler):
         if connector is not None:
             for input_id in freed:
                 connector.update_state_after_free(request, input_id)
+
+
+class Scheduler(_StepLevelEncoderInputs, _VllmScheduler):
+    """vLLM's ``Scheduler`` (``--no-async-scheduling``) with the Rust encoder-input steps."""
+
+
+class AsyncScheduler(_StepLevelEncoderInputs, _VllmAsyncScheduler):
+    """vLLM's ``AsyncScheduler`` (async scheduling, the default) with the Rust encoder-input steps."""
