@@ -321,7 +321,14 @@ class EncoderCacheManager:
         return [], 0, encoder_compute_budget, [], []
 
     def allocate_encoder_inputs(self, request: Any, input_ids: list[int], duplicate_input_ids: list[int]) -> None:
-        """Reserve the step's new items, then take the hits for its repeats."""
+        """Reserve the step's new items, then take the hits for its repeats.
+
+        Every id is checked before anything changes; an allocation the cache
+        refuses stops the call there (earlier ones stay)."""
+        num_items = len(request.mm_features)
+        for input_id in [*input_ids, *duplicate_input_ids]:
+            if _index(input_id) >= num_items:
+                raise IndexError(f"input_id {input_id} out of range: the request has {num_items} multimodal items")
         for input_id in input_ids:
             self.allocate(request, input_id)
         for input_id in duplicate_input_ids:

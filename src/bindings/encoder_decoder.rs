@@ -3,22 +3,27 @@
 
 use std::sync::Arc;
 
+use pyo3::gc::{PyTraverseError, PyVisit};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PySet, PyType};
+use pyo3::types::{PyList, PySet, PyTuple, PyType};
 
-use super::request::{count, identifier, input_index, num_embeds, num_features};
+use super::request::{count, identifier, input_index, num_embeds, num_features, request_id};
+use super::step::{ItemRecords, StepRequest};
 use crate::encoder_decoder::EncoderDecoderCache;
+use crate::step::StepArgs;
 
 #[pyclass(module = "encoder_cache._core", name = "EncoderDecoderCacheManager", subclass)]
 pub struct PyEncoderDecoderCacheManager {
     cache: EncoderDecoderCache,
+    records: ItemRecords,
 }
 
 #[pymethods]
 impl PyEncoderDecoderCacheManager {
     #[new]
     fn new(cache_size: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Self { cache: EncoderDecoderCache::new(count(cache_size, "cache_size")?) })
+        Ok(Self { cache: EncoderDecoderCache::new(count(cache_size, "cache_size")?), records: ItemRecords::default() })
     }
 
     #[classmethod]
@@ -34,6 +39,7 @@ impl PyEncoderDecoderCacheManager {
 
     fn reset(&mut self) {
         self.cache.reset();
+        self.records.clear();
     }
 
     /// Nothing is shared between requests, so there is never a hit.
@@ -80,9 +86,14 @@ impl PyEncoderDecoderCacheManager {
 
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
         let sizes = (0..num_features(request)?).map(|i| num_embeds(request, i)).collect::<PyResult<Vec<u64>>>()?;
+        // Only requests seen by the step-level API have records (and those have an id).
+        let recorded = if slf.try_borrow()?.records.is_empty() { None } else { Some(request_id(request)?) };
         let mut this = slf.try_borrow_mut()?;
         for n in sizes {
             this.cache.free_encoder_input(n);
+        }
+        if let Some(req) = recorded {
+            this.records.forget(req.to_str()?);
         }
         Ok(())
     }
@@ -116,6 +127,70 @@ impl PyEncoderDecoderCacheManager {
     #[getter]
     fn to_free<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         PyList::new(py, self.cache.to_free().iter().map(|k| &**k))
+    }
+
+    // Step-level API: vLLM's per-item scheduler loops as one call per request
+    // per step, over item records read from the request once (see `step`).
+
+    #[pyo3(signature = (
+        request, num_computed_tokens, num_new_tokens, encoder_compute_budget, shift_computed_tokens=0,
+        *, disable_chunked_mm_input=false, has_remote_item=None, on_mismatch=None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn try_schedule_encoder_inputs<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+        num_computed_tokens: i64,
+        num_new_tokens: i64,
+        encoder_compute_budget: i64,
+        shift_computed_tokens: i64,
+        disable_chunked_mm_input: bool,
+        has_remote_item: Option<&Bound<'py, PyAny>>,
+        on_mismatch: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let args = StepArgs {
+            num_computed_tokens,
+            num_new_tokens,
+            encoder_compute_budget,
+            shift_computed_tokens,
+            disable_chunked_mm_input,
+        };
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let out = {
+            let this = &mut *slf.try_borrow_mut()?;
+            req.try_schedule(&mut this.cache, &mut this.records, args, has_remote_item)?
+        };
+        req.result(out, on_mismatch)
+    }
+
+    fn allocate_encoder_inputs(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        input_ids: Vec<i64>,
+        duplicate_input_ids: Vec<i64>,
+    ) -> PyResult<()> {
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let this = &mut *slf.try_borrow_mut()?;
+        req.allocate(&mut this.cache, &mut this.records, input_ids, duplicate_input_ids)
+    }
+
+    fn free_encoder_inputs_before(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        position: i64,
+    ) -> PyResult<Vec<usize>> {
+        let decoder_started = request.getattr(intern!(request.py(), "num_computed_tokens"))?.extract::<i64>()? > 0;
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let this = &mut *slf.try_borrow_mut()?;
+        req.free_before(&mut this.cache, &mut this.records, position, decoder_started)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.records.traverse(&visit)
+    }
+
+    fn __clear__(&mut self) {
+        self.records.clear();
     }
 
     fn __repr__(&self) -> String {

@@ -1,15 +1,19 @@
 //! `EncoderCacheManager`: vLLM 0.33's Python API over [`EncoderCache`].
 
 use pyo3::exceptions::PyValueError;
+use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PySet, PyType};
+use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::request::{count, identifier, input_index, num_embeds, request_id};
+use super::step::{ItemRecords, StepRequest};
 use crate::cache::{CacheError, EncoderCache};
+use crate::step::StepArgs;
 
 #[pyclass(module = "encoder_cache._core", name = "EncoderCacheManager", subclass)]
 pub struct PyEncoderCacheManager {
     cache: EncoderCache,
+    records: ItemRecords,
 }
 
 impl From<CacheError> for PyErr {
@@ -22,7 +26,7 @@ impl From<CacheError> for PyErr {
 impl PyEncoderCacheManager {
     #[new]
     fn new(cache_size: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Self { cache: EncoderCache::new(count(cache_size, "cache_size")?) })
+        Ok(Self { cache: EncoderCache::new(count(cache_size, "cache_size")?), records: ItemRecords::default() })
     }
 
     /// vLLM's factory hook: `cls(cache_size)`, so subclasses construct themselves.
@@ -39,6 +43,7 @@ impl PyEncoderCacheManager {
 
     fn reset(&mut self) {
         self.cache.reset();
+        self.records.clear();
     }
 
     fn check_and_update_cache(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<bool> {
@@ -98,7 +103,10 @@ impl PyEncoderCacheManager {
 
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
         let req = request_id(request)?;
-        slf.try_borrow_mut()?.cache.free(req.to_str()?);
+        let req = req.to_str()?;
+        let mut this = slf.try_borrow_mut()?;
+        this.cache.free(req);
+        this.records.forget(req);
         Ok(())
     }
 
@@ -184,6 +192,69 @@ impl PyEncoderCacheManager {
     #[getter]
     fn freed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         PyList::new(py, self.cache.freed().iter().map(|k| &**k))
+    }
+
+    // Step-level API: vLLM's per-item scheduler loops as one call per request
+    // per step, over item records read from the request once (see `step`).
+
+    #[pyo3(signature = (
+        request, num_computed_tokens, num_new_tokens, encoder_compute_budget, shift_computed_tokens=0,
+        *, disable_chunked_mm_input=false, has_remote_item=None, on_mismatch=None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn try_schedule_encoder_inputs<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+        num_computed_tokens: i64,
+        num_new_tokens: i64,
+        encoder_compute_budget: i64,
+        shift_computed_tokens: i64,
+        disable_chunked_mm_input: bool,
+        has_remote_item: Option<&Bound<'py, PyAny>>,
+        on_mismatch: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let args = StepArgs {
+            num_computed_tokens,
+            num_new_tokens,
+            encoder_compute_budget,
+            shift_computed_tokens,
+            disable_chunked_mm_input,
+        };
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let out = {
+            let this = &mut *slf.try_borrow_mut()?;
+            req.try_schedule(&mut this.cache, &mut this.records, args, has_remote_item)?
+        };
+        req.result(out, on_mismatch)
+    }
+
+    fn allocate_encoder_inputs(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        input_ids: Vec<i64>,
+        duplicate_input_ids: Vec<i64>,
+    ) -> PyResult<()> {
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let this = &mut *slf.try_borrow_mut()?;
+        req.allocate(&mut this.cache, &mut this.records, input_ids, duplicate_input_ids)
+    }
+
+    fn free_encoder_inputs_before(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        position: i64,
+    ) -> PyResult<Vec<usize>> {
+        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let this = &mut *slf.try_borrow_mut()?;
+        req.free_before(&mut this.cache, &mut this.records, position, false)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.records.traverse(&visit)
+    }
+
+    fn __clear__(&mut self) {
+        self.records.clear();
     }
 
     fn __repr__(&self) -> String {

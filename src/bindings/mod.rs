@@ -4,6 +4,7 @@
 mod encoder_decoder;
 mod manager;
 mod request;
+mod step;
 
 use pyo3::prelude::*;
 

@@ -13,7 +13,7 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned())
 }
 
-fn expect_str<'py>(obj: Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyString>> {
+pub(crate) fn expect_str<'py>(obj: Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyString>> {
     match obj.cast_into::<PyString>() {
         Ok(s) => Ok(s),
         Err(e) => Err(PyTypeError::new_err(format!("{what} must be str, not {}", type_name(e.into_inner().as_any())))),

@@ -1,0 +1,203 @@
+//! What the step-level methods share: reading a request's items into
+//! [`Item`] records once, keeping them per request, and converting results.
+//!
+//! Records are read when a request is first seen, again when a different
+//! object arrives under the same request id, and for the new items only when
+//! `mm_features` grew (streaming input). A step then reads just
+//! `request.request_id` and `len(request.mm_features)` from Python.
+
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::gc::{PyTraverseError, PyVisit};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyString, PyTuple};
+
+use super::request::{count, expect_str, input_index, request_id};
+use crate::cache::Key;
+use crate::step::{self, Item, Scheduled, StepArgs, StepCache, StepError};
+
+impl From<StepError> for PyErr {
+    fn from(err: StepError) -> PyErr {
+        match err {
+            StepError::EmbedRange { .. } | StepError::InputOutOfRange { .. } => PyIndexError::new_err(err.to_string()),
+            StepError::EncoderDecoderOffset { .. } | StepError::Cache(_) => PyValueError::new_err(err.to_string()),
+        }
+    }
+}
+
+struct Known {
+    /// Held so that identity says whether the records are still this request's.
+    request: Py<PyAny>,
+    items: Arc<[Item]>,
+}
+
+/// Item records per request id, until `free(request)` or `reset()`.
+#[derive(Default)]
+pub(crate) struct ItemRecords {
+    by_request: HashMap<Key, Known>,
+}
+
+impl ItemRecords {
+    /// The records of `request_id`, if they were read from this very object.
+    pub(crate) fn known(&self, request: &Bound<'_, PyAny>, request_id: &str) -> Option<Arc<[Item]>> {
+        let known = self.by_request.get(request_id)?;
+        known.request.is(request).then(|| known.items.clone())
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.by_request.is_empty()
+    }
+
+    pub(crate) fn forget(&mut self, request_id: &str) {
+        self.by_request.remove(request_id);
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.by_request.clear();
+    }
+
+    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.by_request.values().try_for_each(|known| visit.call(&known.request))
+    }
+}
+
+/// A request as the step-level methods see it.
+pub(crate) struct StepRequest<'py> {
+    request: Bound<'py, PyAny>,
+    id: Bound<'py, PyString>,
+    pub(crate) items: Arc<[Item]>,
+    /// Records read in this call, to be kept by [`StepRequest::remember`].
+    fresh: bool,
+}
+
+impl<'py> StepRequest<'py> {
+    /// Reads the request id and the items not yet recorded. `records` is
+    /// called once, to look at the stored records, and its borrow ends before
+    /// any of the request's own code runs.
+    pub(crate) fn read(
+        request: &Bound<'py, PyAny>,
+        records: impl FnOnce(&str) -> PyResult<Option<Arc<[Item]>>>,
+    ) -> PyResult<Self> {
+        let id = request_id(request)?;
+        let features = request.getattr(intern!(request.py(), "mm_features"))?;
+        let num_items = features.len()?;
+        let known = records(id.to_str()?)?.filter(|items| items.len() <= num_items);
+        let (items, fresh) = match known {
+            Some(items) if items.len() == num_items => (items, false),
+            known => {
+                let mut items: Vec<Item> = known.map(|items| items.to_vec()).unwrap_or_default();
+                for i in items.len()..num_items {
+                    items.push(read_item(&features.get_item(i)?)?);
+                }
+                (Arc::from(items), true)
+            }
+        };
+        Ok(Self { request: request.clone(), id, items, fresh })
+    }
+
+    /// Keeps records read in this call, and returns the request id.
+    fn remember(&self, records: &mut ItemRecords) -> PyResult<&str> {
+        let id = self.id.to_str()?;
+        if self.fresh {
+            let known = Known { request: self.request.clone().unbind(), items: self.items.clone() };
+            records.by_request.insert(Arc::from(id), known);
+        }
+        Ok(id)
+    }
+
+    /// [`step::try_schedule`], asking `has_remote_item(identifier)` when given.
+    pub(crate) fn try_schedule<C: StepCache>(
+        &self,
+        cache: &mut C,
+        records: &mut ItemRecords,
+        args: StepArgs,
+        has_remote_item: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Scheduled> {
+        let id = self.remember(records)?;
+        let mut remote = |identifier: &Key| match has_remote_item {
+            Some(callback) => callback.call1((&**identifier,))?.is_truthy(),
+            None => Ok(false),
+        };
+        step::try_schedule(cache, id, &self.items, args, &mut remote)
+    }
+
+    /// [`step::allocate_inputs`] for input ids from Python.
+    pub(crate) fn allocate<C: StepCache>(
+        &self,
+        cache: &mut C,
+        records: &mut ItemRecords,
+        input_ids: Vec<i64>,
+        repeated: Vec<i64>,
+    ) -> PyResult<()> {
+        let index = |ids: Vec<i64>| ids.into_iter().map(input_index).collect::<PyResult<Vec<usize>>>();
+        let (input_ids, repeated) = (index(input_ids)?, index(repeated)?);
+        let id = self.remember(records)?;
+        Ok(step::allocate_inputs(cache, id, &self.items, &input_ids, &repeated)?)
+    }
+
+    /// [`step::free_inputs_before`].
+    pub(crate) fn free_before<C: StepCache>(
+        &self,
+        cache: &mut C,
+        records: &mut ItemRecords,
+        position: i64,
+        decoder_started: bool,
+    ) -> PyResult<Vec<usize>> {
+        let id = self.remember(records)?;
+        Ok(step::free_inputs_before(cache, id, &self.items, position, decoder_started)?)
+    }
+
+    /// vLLM's step result tuple; a mismatch is reported to `on_mismatch`
+    /// `(request, input_id, identifier, cached, requested)` first.
+    pub(crate) fn result(
+        &self,
+        out: Scheduled,
+        on_mismatch: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        if let (Some(m), Some(callback)) = (&out.mismatch, on_mismatch) {
+            callback.call1((&self.request, m.input_id, &*m.identifier, m.cached, m.requested))?;
+        }
+        let py = self.request.py();
+        (
+            PyList::new(py, out.to_encode)?,
+            out.num_new_tokens,
+            out.encoder_compute_budget,
+            PyList::new(py, out.from_remote)?,
+            PyList::new(py, out.repeated)?,
+        )
+            .into_pyobject(py)
+    }
+}
+
+/// An item's record: `identifier`, and from `mm_position` the `offset`,
+/// `length`, `get_num_embeds()` and the `is_embed` mask (None, a sequence of
+/// bools, or anything with `.tolist()` such as a tensor).
+fn read_item(feature: &Bound<'_, PyAny>) -> PyResult<Item> {
+    let py = feature.py();
+    let identifier = expect_str(feature.getattr(intern!(py, "identifier"))?, "mm_features[i].identifier")?;
+    let position = feature.getattr(intern!(py, "mm_position"))?;
+    let offset = count(&position.getattr(intern!(py, "offset"))?, "mm_position.offset")?;
+    let length = count(&position.getattr(intern!(py, "length"))?, "mm_position.length")?;
+    let num_embeds = count(&position.call_method0(intern!(py, "get_num_embeds"))?, "mm_position.get_num_embeds()")?;
+    let is_embed = position.getattr(intern!(py, "is_embed"))?;
+    let mask = if is_embed.is_none() {
+        None
+    } else {
+        let values = match is_embed.hasattr(intern!(py, "tolist"))? {
+            true => is_embed.call_method0(intern!(py, "tolist"))?,
+            false => is_embed,
+        };
+        let mask = values.try_iter()?.map(|v| v?.is_truthy()).collect::<PyResult<Vec<bool>>>()?;
+        if mask.len() as u64 != length {
+            return Err(PyValueError::new_err(format!(
+                "mm_position.is_embed has {} entries for a placeholder of length {length}",
+                mask.len()
+            )));
+        }
+        Some(mask)
+    };
+    Ok(Item::new(Arc::from(identifier.to_str()?), offset, length, num_embeds, mask.as_deref()))
+}

@@ -1,0 +1,560 @@
+//! One scheduler step for one request: which of its multimodal items to encode,
+//! which to load from a remote cache, which hits to take, and when to stop
+//! short; then the allocations and frees that go with it.
+//!
+//! vLLM 0.33's scheduler runs this as a Python loop calling the manager once
+//! per item (`_try_schedule_encoder_inputs`, `_allocate_encoder_inputs`,
+//! `_free_encoder_inputs`). Here it is one call over [`Item`] records that the
+//! caller reads from the request once, so a step costs a few hash look-ups per
+//! item and no interpreter round trips.
+
+use hashbrown::HashMap;
+
+use crate::cache::{CacheError, EncoderCache, Key};
+use crate::encoder_decoder::EncoderDecoderCache;
+
+/// One multimodal item of a request, as a step needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    pub identifier: Key,
+    /// First placeholder token of the item in the request's token sequence.
+    pub offset: u64,
+    /// Placeholder tokens of the item.
+    pub length: u64,
+    /// Embeddings the encoder produces for the item.
+    pub num_embeds: u64,
+    /// Running count of the placeholder tokens that take an embedding (the
+    /// cumulative sum of `is_embed`), or `None` when all of them do.
+    embeds_cumsum: Option<Box<[u64]>>,
+}
+
+impl Item {
+    /// `is_embed`, when given, marks the placeholder tokens that take an
+    /// embedding; the other tokens (breaks, text) are not stored in the cache.
+    pub fn new(identifier: Key, offset: u64, length: u64, num_embeds: u64, is_embed: Option<&[bool]>) -> Self {
+        let embeds_cumsum = is_embed.map(|mask| {
+            mask.iter()
+                .scan(0u64, |n, &embed| {
+                    *n += u64::from(embed);
+                    Some(*n)
+                })
+                .collect()
+        });
+        Self { identifier, offset, length, num_embeds, embeds_cumsum }
+    }
+
+    fn end(&self) -> u64 {
+        self.offset + self.length
+    }
+
+    /// The embeddings `(first, last)` covered by placeholder tokens
+    /// `[start, end)` of the item (`PlaceholderRange.get_embeds_indices_in_range`);
+    /// `None` when the mask has no entry for a bound, where vLLM's lookup fails.
+    fn embeds_in_range(&self, start: i128, end: i128) -> Option<(i128, i128)> {
+        let Some(cumsum) = &self.embeds_cumsum else {
+            return Some((start, end));
+        };
+        let before = |idx: i128| -> Option<i128> {
+            if idx <= 0 {
+                return (idx == 0).then_some(0);
+            }
+            let pos = usize::try_from(idx - 1).ok()?;
+            cumsum.get(pos).map(|&n| i128::from(n))
+        };
+        Some((before(start)?, before(end)?))
+    }
+}
+
+/// The arguments of one step, as vLLM's scheduler passes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StepArgs {
+    pub num_computed_tokens: i64,
+    pub num_new_tokens: i64,
+    pub encoder_compute_budget: i64,
+    /// Tokens a drafter (EAGLE) reads ahead of `num_computed_tokens`.
+    pub shift_computed_tokens: i64,
+    /// Never schedule part of an item's placeholder.
+    pub disable_chunked_mm_input: bool,
+}
+
+/// An identifier whose embedding count disagrees with the cache or with an
+/// earlier item of the same step (a reused client-provided UUID): the request
+/// gets nothing this step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    pub input_id: usize,
+    pub identifier: Key,
+    pub cached: u64,
+    pub requested: u64,
+}
+
+/// What a step decided, in vLLM's order and meaning.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Scheduled {
+    /// Items to encode this step.
+    pub to_encode: Vec<usize>,
+    /// Tokens to schedule, cut short before an item that cannot be encoded.
+    pub num_new_tokens: i64,
+    /// Compute budget left.
+    pub encoder_compute_budget: i64,
+    /// Items the remote cache holds: space reserved, no compute.
+    pub from_remote: Vec<usize>,
+    /// Items whose identifier an earlier item of this step already schedules.
+    pub repeated: Vec<usize>,
+    /// Set when the step was rejected; the lists are then empty and
+    /// `num_new_tokens` is 0.
+    pub mismatch: Option<Mismatch>,
+}
+
+/// Input the step cannot work with. Nothing is changed by the call that
+/// returns it, except where noted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepError {
+    /// An encoder-decoder item must sit at position 0: the encoder runs before
+    /// the first decoder token.
+    EncoderDecoderOffset { input_id: usize, offset: u64 },
+    /// The `is_embed` mask has no entry for a bound of the scheduled range
+    /// (items out of order). Hits taken earlier in the step stay taken.
+    EmbedRange { input_id: usize, start: i128, end: i128, length: u64 },
+    /// An input id the request does not have.
+    InputOutOfRange { input_id: usize, num_items: usize },
+    /// An allocation the cache refused. Earlier inputs of the call stay allocated.
+    Cache(CacheError),
+}
+
+impl std::fmt::Display for StepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::EncoderDecoderOffset { input_id, offset } => write!(
+                f,
+                "encoder-decoder input {input_id} starts at token {offset}; encoder inputs must start at position 0"
+            ),
+            Self::EmbedRange { input_id, start, end, length } => write!(
+                f,
+                "placeholder tokens [{start}, {end}) of input {input_id} are outside its is_embed mask of {length} \
+                 entries; mm_features must be sorted by offset"
+            ),
+            Self::InputOutOfRange { input_id, num_items } => write!(
+                f,
+                "input_id {input_id} out of range: the request has {num_items} multimodal items"
+            ),
+            Self::Cache(err) => err.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StepError {}
+
+impl From<CacheError> for StepError {
+    fn from(err: CacheError) -> Self {
+        Self::Cache(err)
+    }
+}
+
+/// The cache operations a step uses, with each manager's rules.
+pub trait StepCache {
+    /// Encoder-decoder rules: every item is encoded before the first decoder
+    /// token (so all are in the window until then and none after), nothing is
+    /// shared between requests, and no item is ever split or rolled back for
+    /// chunking.
+    const ENCODER_DECODER: bool;
+    fn cached_num_embeds(&self, identifier: &str) -> Option<u64>;
+    fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> bool;
+    fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool;
+    fn allocate(&mut self, request_id: &str, input_id: usize, item: &Item) -> Result<(), CacheError>;
+    /// The request's held inputs, ascending.
+    fn held_inputs(&self, request_id: &str, num_items: usize) -> Vec<usize>;
+    fn free_input(&mut self, request_id: &str, input_id: usize, item: &Item);
+}
+
+impl StepCache for EncoderCache {
+    const ENCODER_DECODER: bool = false;
+
+    fn cached_num_embeds(&self, identifier: &str) -> Option<u64> {
+        EncoderCache::cached_num_embeds(self, identifier)
+    }
+
+    fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> bool {
+        EncoderCache::check_and_update_cache(self, request_id, input_id, identifier)
+    }
+
+    fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool {
+        EncoderCache::can_allocate(self, num_embeds, encoder_compute_budget, num_embeds_to_schedule)
+    }
+
+    fn allocate(&mut self, request_id: &str, input_id: usize, item: &Item) -> Result<(), CacheError> {
+        EncoderCache::allocate(self, request_id, input_id, &item.identifier, item.num_embeds)
+    }
+
+    fn held_inputs(&self, request_id: &str, _num_items: usize) -> Vec<usize> {
+        let mut held: Vec<usize> =
+            self.cached_input_ids(request_id).map(|inputs| inputs.keys().copied().collect()).unwrap_or_default();
+        held.sort_unstable();
+        held
+    }
+
+    fn free_input(&mut self, request_id: &str, input_id: usize, _item: &Item) {
+        self.free_encoder_input(request_id, input_id);
+    }
+}
+
+impl StepCache for EncoderDecoderCache {
+    const ENCODER_DECODER: bool = true;
+
+    fn cached_num_embeds(&self, _identifier: &str) -> Option<u64> {
+        None
+    }
+
+    fn check_and_update_cache(&mut self, _request_id: &str, _input_id: usize, _identifier: &str) -> bool {
+        false
+    }
+
+    fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool {
+        EncoderDecoderCache::can_allocate(self, num_embeds, encoder_compute_budget, num_embeds_to_schedule)
+    }
+
+    fn allocate(&mut self, _request_id: &str, _input_id: usize, item: &Item) -> Result<(), CacheError> {
+        EncoderDecoderCache::allocate(self, item.identifier.clone(), item.num_embeds);
+        Ok(())
+    }
+
+    /// Every item counts as held until the decoder starts.
+    fn held_inputs(&self, _request_id: &str, num_items: usize) -> Vec<usize> {
+        (0..num_items).collect()
+    }
+
+    fn free_input(&mut self, _request_id: &str, _input_id: usize, item: &Item) {
+        self.free_encoder_input(item.num_embeds);
+    }
+}
+
+/// Python's `bisect.bisect_left` over `key(item)`, midpoint for midpoint, so
+/// the window matches vLLM's even where items overlap and their ends are not
+/// sorted.
+fn bisect_left(items: &[Item], x: i128, key: impl Fn(&Item) -> u64) -> usize {
+    let (mut lo, mut hi) = (0, items.len());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if i128::from(key(&items[mid])) < x {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// vLLM's `_try_schedule_encoder_inputs` for the request's `items` (sorted by
+/// offset). Hits are taken and evictions made as the loop goes, so they stand
+/// even when the step is cut short or rejected, as in vLLM.
+/// `has_remote_item(identifier)` says whether a remote cache holds an item.
+pub fn try_schedule<C: StepCache, E: From<StepError>>(
+    cache: &mut C,
+    request_id: &str,
+    items: &[Item],
+    args: StepArgs,
+    has_remote_item: &mut dyn FnMut(&Key) -> Result<bool, E>,
+) -> Result<Scheduled, E> {
+    let mut out = Scheduled {
+        num_new_tokens: args.num_new_tokens,
+        encoder_compute_budget: args.encoder_compute_budget,
+        ..Scheduled::default()
+    };
+    if args.num_new_tokens == 0 || items.is_empty() {
+        return Ok(out);
+    }
+    let computed = i128::from(args.num_computed_tokens);
+    let shift = i128::from(args.shift_computed_tokens);
+    let window_end = computed + i128::from(args.num_new_tokens) + shift;
+    let lo = if C::ENCODER_DECODER { 0 } else { bisect_left(items, computed + 1, Item::end) };
+    let hi = bisect_left(items, window_end, |item| item.offset);
+    // Identifiers this step schedules, with their sizes (allocates only on a miss).
+    let mut scheduled: HashMap<&str, u64> = HashMap::new();
+    let mut embeds_to_schedule: u64 = 0;
+
+    for (input_id, item) in items.iter().enumerate().take(hi).skip(lo) {
+        let start = i128::from(item.offset);
+        let length = i128::from(item.length);
+        if C::ENCODER_DECODER && computed > 0 {
+            if item.offset != 0 {
+                return Err(StepError::EncoderDecoderOffset { input_id, offset: item.offset }.into());
+            }
+            continue; // encoded before the first decoder token
+        }
+        if args.disable_chunked_mm_input
+            && !C::ENCODER_DECODER
+            && computed <= start
+            && computed + i128::from(out.num_new_tokens) < start + length
+        {
+            // Never split an item: stop before it, the drafter's read-ahead included.
+            out.num_new_tokens = clamp_tokens(start - (computed + shift)).max(0);
+            break;
+        }
+        if !C::ENCODER_DECODER {
+            let known = scheduled.get(&*item.identifier).copied();
+            let reference = known.or_else(|| cache.cached_num_embeds(&item.identifier));
+            if let Some(cached) = reference.filter(|&n| n != item.num_embeds) {
+                let mismatch =
+                    Mismatch { input_id, identifier: item.identifier.clone(), cached, requested: item.num_embeds };
+                return Ok(Scheduled {
+                    num_new_tokens: 0,
+                    encoder_compute_budget: out.encoder_compute_budget,
+                    mismatch: Some(mismatch),
+                    ..Scheduled::default()
+                });
+            }
+            if known.is_some() {
+                out.repeated.push(input_id);
+                continue;
+            }
+            if cache.check_and_update_cache(request_id, input_id, &item.identifier) {
+                continue;
+            }
+        }
+        let to_schedule = i64::try_from(embeds_to_schedule).unwrap_or(i64::MAX);
+        if !cache.can_allocate(item.num_embeds, out.encoder_compute_budget, to_schedule) {
+            // Encode an item whole or not at all: schedule the tokens before it, if any.
+            out.num_new_tokens =
+                if computed < start { out.num_new_tokens.min(clamp_tokens(start - computed)) } else { 0 };
+            break;
+        }
+        let first = (computed - start).max(0);
+        let last = length.min(window_end - start);
+        let (embeds_first, embeds_last) = item
+            .embeds_in_range(first, last)
+            .ok_or(StepError::EmbedRange { input_id, start: first, end: last, length: item.length })?;
+        if embeds_first == embeds_last {
+            continue; // only break or text tokens of the item fall in this step
+        }
+        scheduled.insert(&item.identifier, item.num_embeds);
+        embeds_to_schedule = embeds_to_schedule.saturating_add(item.num_embeds);
+        if has_remote_item(&item.identifier)? {
+            out.from_remote.push(input_id);
+            continue;
+        }
+        // can_allocate checked num_embeds <= budget, so this cannot underflow.
+        out.encoder_compute_budget -= item.num_embeds as i64;
+        out.to_encode.push(input_id);
+    }
+    Ok(out)
+}
+
+/// A token count derived from `i64` inputs, back in `i64`.
+fn clamp_tokens(n: i128) -> i64 {
+    i64::try_from(n).unwrap_or(if n < 0 { i64::MIN } else { i64::MAX })
+}
+
+fn check_inputs(items: &[Item], input_ids: &[usize]) -> Result<(), StepError> {
+    match input_ids.iter().find(|&&i| i >= items.len()) {
+        Some(&input_id) => Err(StepError::InputOutOfRange { input_id, num_items: items.len() }),
+        None => Ok(()),
+    }
+}
+
+/// vLLM's `_allocate_encoder_inputs`: allocate each of `input_ids`, then take
+/// the hit for each of `repeated` (items repeated within the step). Ids are
+/// checked first; an allocation the cache refuses stops the call there.
+pub fn allocate_inputs<C: StepCache>(
+    cache: &mut C,
+    request_id: &str,
+    items: &[Item],
+    input_ids: &[usize],
+    repeated: &[usize],
+) -> Result<(), StepError> {
+    check_inputs(items, input_ids)?;
+    check_inputs(items, repeated)?;
+    for &input_id in input_ids {
+        cache.allocate(request_id, input_id, &items[input_id])?;
+    }
+    for &input_id in repeated {
+        cache.check_and_update_cache(request_id, input_id, &items[input_id].identifier);
+    }
+    Ok(())
+}
+
+/// vLLM's `_free_encoder_inputs`: free the request's held inputs whose
+/// placeholder ends at or before `position`, ascending, and return them. With
+/// encoder-decoder rules every held input goes once `decoder_started` (the
+/// request has computed a token).
+pub fn free_inputs_before<C: StepCache>(
+    cache: &mut C,
+    request_id: &str,
+    items: &[Item],
+    position: i64,
+    decoder_started: bool,
+) -> Result<Vec<usize>, StepError> {
+    let held = cache.held_inputs(request_id, items.len());
+    check_inputs(items, &held)?;
+    let all = C::ENCODER_DECODER && decoder_started;
+    let done: Vec<usize> =
+        held.into_iter().filter(|&i| all || i128::from(items[i].end()) <= i128::from(position)).collect();
+    for &input_id in &done {
+        cache.free_input(request_id, input_id, &items[input_id]);
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn item(identifier: &str, offset: u64, length: u64) -> Item {
+        Item::new(Arc::from(identifier), offset, length, length, None)
+    }
+
+    fn masked(identifier: &str, offset: u64, mask: &[bool]) -> Item {
+        let n = mask.iter().filter(|&&b| b).count() as u64;
+        Item::new(Arc::from(identifier), offset, mask.len() as u64, n, Some(mask))
+    }
+
+    fn args(num_computed_tokens: i64, num_new_tokens: i64, encoder_compute_budget: i64) -> StepArgs {
+        StepArgs { num_computed_tokens, num_new_tokens, encoder_compute_budget, ..StepArgs::default() }
+    }
+
+    fn step<C: StepCache>(cache: &mut C, items: &[Item], a: StepArgs) -> Scheduled {
+        try_schedule::<C, StepError>(cache, "r", items, a, &mut |_| Ok(false)).unwrap()
+    }
+
+    #[test]
+    fn embeds_in_range_follows_the_mask() {
+        let it = masked("a", 2, &[false, true, false, true, true]);
+        assert_eq!(it.embeds_in_range(0, 5), Some((0, 3)));
+        assert_eq!(it.embeds_in_range(1, 2), Some((0, 1)));
+        assert_eq!(it.embeds_in_range(2, 3), Some((1, 1)));
+        assert_eq!(it.embeds_in_range(0, 6), None);
+        assert_eq!(item("b", 0, 4).embeds_in_range(1, 3), Some((1, 3)));
+    }
+
+    #[test]
+    fn schedules_the_items_in_the_window() {
+        let items = [item("a", 0, 4), item("b", 10, 4), item("c", 20, 4)];
+        let mut cache = EncoderCache::new(100);
+        let out = step(&mut cache, &items, args(0, 12, 100));
+        assert_eq!(out.to_encode, vec![0, 1]);
+        assert_eq!((out.num_new_tokens, out.encoder_compute_budget), (12, 92));
+        // An item already past the computed tokens is out of the window.
+        let out = step(&mut cache, &items, args(4, 20, 100));
+        assert_eq!(out.to_encode, vec![1, 2]);
+    }
+
+    #[test]
+    fn hits_repeats_and_budget_cut() {
+        let items = [item("a", 0, 4), item("a", 5, 4), item("b", 10, 8)];
+        let mut cache = EncoderCache::new(100);
+        cache.allocate("other", 0, "b", 8).unwrap();
+        let out = step(&mut cache, &items, args(0, 20, 4));
+        assert_eq!((out.to_encode, out.repeated), (vec![0], vec![1]));
+        assert_eq!((out.num_new_tokens, out.encoder_compute_budget), (20, 0));
+        assert!(cache.holds_input("r", 2), "the hit on b was taken");
+        // Without b cached, the budget stops the step before b.
+        let mut cache = EncoderCache::new(100);
+        let out = step(&mut cache, &items, args(0, 20, 4));
+        assert_eq!((out.to_encode, out.num_new_tokens), (vec![0], 10));
+    }
+
+    #[test]
+    fn an_item_that_cannot_fit_stops_at_its_start() {
+        let items = [item("a", 3, 50)];
+        let mut cache = EncoderCache::new(10);
+        assert_eq!(step(&mut cache, &items, args(0, 60, 100)).num_new_tokens, 3);
+        // Already past its start (prefix caching): nothing can be scheduled.
+        assert_eq!(step(&mut cache, &items, args(5, 60, 100)).num_new_tokens, 0);
+    }
+
+    #[test]
+    fn chunking_disabled_rolls_back_before_the_item_and_the_shift() {
+        let items = [item("a", 10, 8)];
+        let mut cache = EncoderCache::new(100);
+        let a = StepArgs { disable_chunked_mm_input: true, shift_computed_tokens: 2, ..args(0, 12, 100) };
+        let out = step(&mut cache, &items, a);
+        assert_eq!((out.to_encode.len(), out.num_new_tokens), (0, 8));
+    }
+
+    #[test]
+    fn mismatch_rejects_after_earlier_hits() {
+        let items = [item("a", 0, 4), Item::new(Arc::from("b"), 5, 4, 4, None)];
+        let mut cache = EncoderCache::new(100);
+        cache.allocate("other", 0, "a", 4).unwrap();
+        cache.allocate("other", 1, "b", 3).unwrap();
+        let out = step(&mut cache, &items, args(0, 10, 50));
+        let m = out.mismatch.expect("rejected");
+        assert_eq!((m.input_id, m.cached, m.requested), (1, 3, 4));
+        assert_eq!((out.num_new_tokens, out.encoder_compute_budget), (0, 50));
+        assert!(out.to_encode.is_empty() && out.repeated.is_empty());
+        assert!(cache.holds_input("r", 0), "the hit before the mismatch stays");
+    }
+
+    #[test]
+    fn masked_tokens_without_embeds_are_skipped() {
+        let items = [masked("a", 0, &[false, false, true, true])];
+        let mut cache = EncoderCache::new(100);
+        assert!(step(&mut cache, &items, args(0, 2, 100)).to_encode.is_empty());
+        assert_eq!(step(&mut cache, &items, args(0, 3, 100)).to_encode, vec![0]);
+    }
+
+    #[test]
+    fn remote_items_take_space_not_budget() {
+        let items = [item("a", 0, 4), item("b", 4, 4)];
+        let mut cache = EncoderCache::new(6);
+        let out = try_schedule::<_, StepError>(&mut cache, "r", &items, args(0, 8, 10), &mut |id| Ok(&**id == "a"))
+            .unwrap();
+        assert_eq!((out.from_remote, out.to_encode), (vec![0], vec![]));
+        assert_eq!((out.num_new_tokens, out.encoder_compute_budget), (4, 10));
+    }
+
+    #[test]
+    fn callback_errors_propagate() {
+        let items = [item("a", 0, 4)];
+        let mut cache = EncoderCache::new(6);
+        let err = try_schedule(&mut cache, "r", &items, args(0, 8, 10), &mut |_| {
+            Err(StepError::InputOutOfRange { input_id: 9, num_items: 0 })
+        });
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn evicted_and_allocated_again_in_one_step_is_not_freed() {
+        let mut cache = EncoderCache::new(8);
+        cache.allocate("old", 0, "a", 4).unwrap();
+        cache.allocate("old", 1, "b", 4).unwrap();
+        cache.free("old");
+        let items = [item("c", 0, 4), item("a", 4, 4)];
+        let out = step(&mut cache, &items, args(0, 8, 100));
+        assert_eq!(out.to_encode, vec![0, 1]);
+        assert_eq!(cache.freed().len(), 2);
+        allocate_inputs(&mut cache, "r", &items, &out.to_encode, &out.repeated).unwrap();
+        assert_eq!(cache.take_freed().iter().map(|k| &**k).collect::<Vec<_>>(), vec!["b"]);
+    }
+
+    #[test]
+    fn allocate_checks_ids_first_and_frees_by_position() {
+        let items = [item("a", 0, 4), item("a", 4, 4), item("b", 10, 4)];
+        let mut cache = EncoderCache::new(100);
+        let err = allocate_inputs(&mut cache, "r", &items, &[0], &[7]).unwrap_err();
+        assert_eq!(err, StepError::InputOutOfRange { input_id: 7, num_items: 3 });
+        assert_eq!(cache.num_free_slots(), 100);
+        allocate_inputs(&mut cache, "r", &items, &[0, 2], &[1]).unwrap();
+        assert_eq!(free_inputs_before(&mut cache, "r", &items, 8, false).unwrap(), vec![0, 1]);
+        assert_eq!(cache.num_freeable_slots(), 96, "a is released with its last occurrence");
+        assert_eq!(free_inputs_before(&mut cache, "r", &items, 20, false).unwrap(), vec![2]);
+        assert!(cache.requests().is_empty());
+    }
+
+    #[test]
+    fn encoder_decoder_rules() {
+        let items = [item("a", 0, 6), item("b", 0, 6)];
+        let mut cache = EncoderDecoderCache::new(10);
+        let out = step(&mut cache, &items, args(0, 4, 100));
+        assert_eq!((out.to_encode, out.num_new_tokens), (vec![0], 0), "b does not fit beside a");
+        let out = step(&mut cache, &items, args(3, 4, 100));
+        assert!(out.to_encode.is_empty());
+        allocate_inputs(&mut cache, "r", &items, &[0, 1], &[]).unwrap();
+        assert_eq!(cache.num_free_slots(), -2);
+        assert_eq!(free_inputs_before(&mut cache, "r", &items, 0, true).unwrap(), vec![0, 1]);
+        assert_eq!(cache.num_free_slots(), 10);
+        let late = [item("a", 3, 6)];
+        let err = try_schedule::<_, StepError>(&mut cache, "r", &late, args(1, 4, 100), &mut |_| Ok(false));
+        assert_eq!(err, Err(StepError::EncoderDecoderOffset { input_id: 0, offset: 3 }));
+    }
+}
