@@ -199,12 +199,14 @@ def conversations(
     image_lengths: Sequence[int] = (48, 64, 96, 128),
     arrival_gap: int = 3,
     max_tokens: tuple[int, int] = (2, 10),
+    images_per_turn: tuple[int, int] = (1, 1),
 ) -> list[RequestSpec]:
     """Multi-turn chats over a shared image pool.
 
     Each turn resends the whole conversation (earlier images included) plus the
-    previous answer, new text and sometimes a new image or a second mention of
-    an image already in the prompt. Images are drawn with a skew, so popular
+    previous answer, new text and sometimes new images (``images_per_turn``,
+    as for a photo set or video frames) or a second mention of an image already
+    in the prompt. Images are drawn with a skew, so popular
     ones are shared between chats.
     """
     rng = random.Random(seed)
@@ -221,7 +223,8 @@ def conversations(
         for t in range(num_turns):
             prompt += [rng.randrange(1, 1000) for _ in range(rng.randrange(4, 24))]
             if t == 0 or rng.random() < 0.6:
-                prompt.append(rng.choices(pool, weights)[0])
+                for _ in range(rng.randint(*images_per_turn)):
+                    prompt += [rng.choices(pool, weights)[0], rng.randrange(1, 1000)]
             mentioned = [x for x in prompt if isinstance(x, Image)]
             if mentioned and rng.random() < 0.3:
                 prompt.append(rng.choice(mentioned))
