@@ -159,11 +159,15 @@ pub trait StepCache {
     /// chunking.
     const ENCODER_DECODER: bool;
     fn cached_num_embeds(&self, identifier: &str) -> Option<u64>;
+    /// The cached size of `identifier` if the request already holds it at
+    /// `input_id`: taking that hit again would change nothing, so a step
+    /// over cached items skips `check_and_update_cache` for it.
+    fn held_num_embeds(&self, request_id: &str, input_id: usize, identifier: &str) -> Option<u64>;
     fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> bool;
     fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool;
     fn allocate(&mut self, request_id: &str, input_id: usize, item: &Item) -> Result<(), CacheError>;
-    /// The request's held inputs, ascending.
-    fn held_inputs(&self, request_id: &str, num_items: usize) -> Vec<usize>;
+    /// The request's held inputs, in no particular order.
+    fn held_inputs(&self, request_id: &str, num_items: usize) -> impl Iterator<Item = usize> + '_;
     fn free_input(&mut self, request_id: &str, input_id: usize, item: &Item);
 }
 
@@ -172,6 +176,12 @@ impl StepCache for EncoderCache {
 
     fn cached_num_embeds(&self, identifier: &str) -> Option<u64> {
         EncoderCache::cached_num_embeds(self, identifier)
+    }
+
+    fn held_num_embeds(&self, request_id: &str, input_id: usize, identifier: &str) -> Option<u64> {
+        let held = self.requests().get(request_id)?.inputs.get(&input_id)?;
+        // A held input keeps its entry referenced, so the entry is there.
+        (**held == *identifier).then(|| self.entries().get(held).map(|e| e.num_embeds)).flatten()
     }
 
     fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> bool {
@@ -186,11 +196,8 @@ impl StepCache for EncoderCache {
         EncoderCache::allocate(self, request_id, input_id, &item.identifier, item.num_embeds)
     }
 
-    fn held_inputs(&self, request_id: &str, _num_items: usize) -> Vec<usize> {
-        let mut held: Vec<usize> =
-            self.cached_input_ids(request_id).map(|inputs| inputs.keys().copied().collect()).unwrap_or_default();
-        held.sort_unstable();
-        held
+    fn held_inputs(&self, request_id: &str, _num_items: usize) -> impl Iterator<Item = usize> + '_ {
+        self.cached_input_ids(request_id).into_iter().flat_map(|inputs| inputs.keys().copied())
     }
 
     fn free_input(&mut self, request_id: &str, input_id: usize, _item: &Item) {
@@ -202,6 +209,10 @@ impl StepCache for EncoderDecoderCache {
     const ENCODER_DECODER: bool = true;
 
     fn cached_num_embeds(&self, _identifier: &str) -> Option<u64> {
+        None
+    }
+
+    fn held_num_embeds(&self, _request_id: &str, _input_id: usize, _identifier: &str) -> Option<u64> {
         None
     }
 
@@ -219,8 +230,8 @@ impl StepCache for EncoderDecoderCache {
     }
 
     /// Every item counts as held until the decoder starts.
-    fn held_inputs(&self, _request_id: &str, num_items: usize) -> Vec<usize> {
-        (0..num_items).collect()
+    fn held_inputs(&self, _request_id: &str, num_items: usize) -> impl Iterator<Item = usize> + '_ {
+        0..num_items
     }
 
     fn free_input(&mut self, _request_id: &str, _input_id: usize, item: &Item) {
@@ -292,7 +303,9 @@ pub fn try_schedule<C: StepCache, E: From<StepError>>(
         }
         if !C::ENCODER_DECODER {
             let known = scheduled.get(&*item.identifier).copied();
-            let reference = known.or_else(|| cache.cached_num_embeds(&item.identifier));
+            // An identifier scheduled in this step is not cached, so not held.
+            let held = known.is_none().then(|| cache.held_num_embeds(request_id, input_id, &item.identifier)).flatten();
+            let reference = known.or(held).or_else(|| cache.cached_num_embeds(&item.identifier));
             if let Some(cached) = reference.filter(|&n| n != item.num_embeds) {
                 let mismatch =
                     Mismatch { input_id, identifier: item.identifier.clone(), cached, requested: item.num_embeds };
@@ -307,7 +320,7 @@ pub fn try_schedule<C: StepCache, E: From<StepError>>(
                 out.repeated.push(input_id);
                 continue;
             }
-            if cache.check_and_update_cache(request_id, input_id, &item.identifier) {
+            if held.is_some() || cache.check_and_update_cache(request_id, input_id, &item.identifier) {
                 continue;
             }
         }
@@ -383,11 +396,15 @@ pub fn free_inputs_before<C: StepCache>(
     position: i64,
     decoder_started: bool,
 ) -> Result<Vec<usize>, StepError> {
-    let held = cache.held_inputs(request_id, items.len());
-    check_inputs(items, &held)?;
     let all = C::ENCODER_DECODER && decoder_started;
-    let done: Vec<usize> =
-        held.into_iter().filter(|&i| all || i128::from(items[i].end()) <= i128::from(position)).collect();
+    let mut done = Vec::new();
+    for input_id in cache.held_inputs(request_id, items.len()) {
+        let item = items.get(input_id).ok_or(StepError::InputOutOfRange { input_id, num_items: items.len() })?;
+        if all || i128::from(item.end()) <= i128::from(position) {
+            done.push(input_id);
+        }
+    }
+    done.sort_unstable();
     for &input_id in &done {
         cache.free_input(request_id, input_id, &items[input_id]);
     }
@@ -483,6 +500,20 @@ mod tests {
         assert_eq!((out.num_new_tokens, out.encoder_compute_budget), (0, 50));
         assert!(out.to_encode.is_empty() && out.repeated.is_empty());
         assert!(cache.holds_input("r", 0), "the hit before the mismatch stays");
+    }
+
+    #[test]
+    fn a_held_input_is_still_checked_against_its_item() {
+        let mut cache = EncoderCache::new(100);
+        let items = [item("a", 0, 4)];
+        allocate_inputs(&mut cache, "r", &items, &[0], &[]).unwrap();
+        let hit = step(&mut cache, &items, args(0, 4, 100));
+        assert_eq!(hit, Scheduled { num_new_tokens: 4, encoder_compute_budget: 100, ..Scheduled::default() });
+        // The same request id and input with another size: rejected, as vLLM would.
+        let resized = [Item::new(Arc::from("a"), 0, 4, 5, None)];
+        assert_eq!(step(&mut cache, &resized, args(0, 4, 100)).mismatch.map(|m| m.cached), Some(4));
+        // Another identifier at the held input: a miss like any other.
+        assert_eq!(step(&mut cache, &[item("b", 0, 4)], args(0, 4, 100)).to_encode, vec![0]);
     }
 
     #[test]

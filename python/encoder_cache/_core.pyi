@@ -4,11 +4,13 @@ Readable state (``cached``, ``freeable``, ...) is returned as a fresh snapshot
 on every access: mutating it does not change the manager.
 """
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 class _Placeholder(Protocol):
     offset: int
     length: int
+    # None, a sequence of bools, or anything with .tolist() (vLLM: a torch bool tensor).
+    is_embed: Any
     def get_num_embeds(self) -> int: ...
     def get_embeds_indices_in_range(self, start_idx: int, end_idx: int) -> tuple[int, int]: ...
 
@@ -22,7 +24,50 @@ class _Request(Protocol):
     def mm_features(self) -> Sequence[_Feature]: ...
     def get_num_encoder_embeds(self, input_id: int) -> int: ...
 
-class EncoderCacheManager:
+# (to_encode, num_new_tokens, encoder_compute_budget, load_from_remote, repeated_in_step)
+_StepResult = tuple[list[int], int, int, list[int], list[int]]
+# (request, input_id, identifier, cached_num_embeds, requested_num_embeds)
+_OnMismatch = Callable[[Any, int, str, int, int], object]
+
+class _StepMethods:
+    """One call per request per scheduler step, in place of vLLM 0.33's per-item
+    loops (Scheduler._try_schedule_encoder_inputs, _allocate_encoder_inputs,
+    _free_encoder_inputs), with the same results and effects on the cache.
+
+    Each item's identifier, offset, length, get_num_embeds() and is_embed are
+    read once per request object and kept until free(request) or reset(); items
+    appended to mm_features later are read when they appear. mm_features must be
+    sorted by offset. Callbacks run while the manager is busy: they must not
+    call back into it (that raises RuntimeError).
+    """
+
+    def try_schedule_encoder_inputs(
+        self,
+        request: _Request,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        encoder_compute_budget: int,
+        shift_computed_tokens: int = 0,
+        *,
+        disable_chunked_mm_input: bool = False,
+        has_remote_item: Callable[[str], bool] | None = None,
+        on_mismatch: _OnMismatch | None = None,
+    ) -> _StepResult:
+        """Items to encode for tokens [num_computed_tokens, num_computed_tokens
+        + num_new_tokens); hits are taken and evictions made as in vLLM, even if
+        the step is then cut short. A cached size that disagrees with the
+        request's is passed to on_mismatch and returns ([], 0, budget, [], [])."""
+    def allocate_encoder_inputs(
+        self, request: _Request, input_ids: Sequence[int], duplicate_input_ids: Sequence[int]
+    ) -> None:
+        """allocate() each of input_ids, then check_and_update_cache() each
+        duplicate. Ids are checked first (IndexError, nothing changed)."""
+    def free_encoder_inputs_before(self, request: _Request, position: int) -> list[int]:
+        """Free the request's cached inputs whose placeholders end at or before
+        position (vLLM: num_computed_tokens - num_output_placeholders); return
+        their ids, ascending."""
+
+class EncoderCacheManager(_StepMethods):
     """vLLM 0.33's encoder-cache manager, in Rust."""
 
     def __init__(self, cache_size: int) -> None: ...
@@ -59,8 +104,12 @@ class EncoderCacheManager:
     @property
     def freed(self) -> list[str]: ...
 
-class EncoderDecoderCacheManager:
-    """vLLM 0.33's scheduling-only manager for encoder-decoder models, in Rust."""
+class EncoderDecoderCacheManager(_StepMethods):
+    """vLLM 0.33's scheduling-only manager for encoder-decoder models, in Rust.
+
+    Step-level API: every item is in the window until the first decoder token
+    and none after; free_encoder_inputs_before frees every item once
+    request.num_computed_tokens > 0."""
 
     def __init__(self, cache_size: int) -> None: ...
     @classmethod

@@ -35,7 +35,8 @@ class PlaceholderRange:
             if len(mask) != self.length:
                 raise ValueError(f"is_embed has {len(mask)} entries for a placeholder of length {self.length}")
             object.__setattr__(self, "is_embed", mask)
-            object.__setattr__(self, "_cumsum", tuple(accumulate(mask)))
+            # ints, not bools: accumulate() passes the first element through as is.
+            object.__setattr__(self, "_cumsum", tuple(accumulate(map(int, mask))))
 
     def get_num_embeds(self) -> int:
         """Embeddings the encoder produces for this item."""
