@@ -317,3 +317,97 @@ impl EncoderCache {
         refs.inputs.insert(input_id, identifier);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn freeable(cache: &EncoderCache) -> Vec<(&str, u64)> {
+        cache.freeable().map(|(k, n)| (&**k, n)).collect()
+    }
+
+    #[test]
+    fn a_repeated_item_is_held_until_its_last_occurrence_is_freed() {
+        let mut cache = EncoderCache::new(8);
+        cache.allocate("r1", 0, "imgA", 4).unwrap();
+        assert!(cache.check_and_update_cache("r1", 1, "imgA"));
+        cache.free_encoder_input("r1", 0);
+        assert_eq!(cache.num_freeable_slots(), 4);
+        assert!(!cache.can_allocate(8, 1_000_000, 0), "imgA is still needed and must not be evicted");
+        cache.free_encoder_input("r1", 1);
+        assert_eq!(freeable(&cache), vec![("imgA", 4)]);
+        assert!(cache.requests().is_empty());
+    }
+
+    #[test]
+    fn eviction_takes_the_oldest_release_first_and_stops_when_there_is_room() {
+        let mut cache = EncoderCache::new(12);
+        for (request, item) in [("r0", "a"), ("r1", "b"), ("r2", "c")] {
+            cache.allocate(request, 0, item, 4).unwrap();
+        }
+        for request in ["r1", "r0", "r2"] {
+            cache.free(request);
+        }
+        assert!(cache.can_allocate(6, 100, 0));
+        assert_eq!(cache.freed().iter().map(|k| &**k).collect::<Vec<_>>(), ["b", "a"]);
+        assert_eq!(freeable(&cache), vec![("c", 4)]);
+        assert_eq!((cache.num_free_slots(), cache.num_freeable_slots()), (8, 12));
+    }
+
+    #[test]
+    fn an_item_evicted_and_allocated_again_is_not_reported_freed() {
+        let mut cache = EncoderCache::new(8);
+        cache.allocate("r1", 0, "a", 4).unwrap();
+        cache.allocate("r2", 0, "b", 4).unwrap();
+        cache.free("r1");
+        cache.free("r2");
+        assert!(cache.can_allocate(4, 100, 4));
+        cache.allocate("r3", 0, "a", 4).unwrap();
+        assert_eq!(cache.take_freed().iter().map(|k| &**k).collect::<Vec<_>>(), ["b"]);
+        assert!(cache.take_freed().is_empty());
+    }
+
+    #[test]
+    fn refused_allocations_change_nothing() {
+        let mut cache = EncoderCache::new(8);
+        cache.allocate("r1", 0, "a", 4).unwrap();
+        let before = format!("{cache:?}");
+        assert_eq!(
+            cache.allocate("r2", 0, "a", 5),
+            Err(CacheError::EmbedCountMismatch { identifier: "a".into(), cached: 4, requested: 5 })
+        );
+        assert_eq!(cache.allocate("r2", 0, "a", 4), Err(CacheError::AlreadyCached { identifier: "a".into() }));
+        assert!(matches!(cache.allocate("r2", 0, "b", 5), Err(CacheError::InsufficientSpace { needed: 5, free: 4, .. })));
+        assert_eq!(format!("{cache:?}"), before);
+    }
+
+    #[test]
+    fn free_releases_items_in_the_order_of_their_last_occurrence() {
+        let mut cache = EncoderCache::new(30);
+        cache.allocate("r1", 2, "b", 5).unwrap();
+        cache.allocate("r1", 0, "c", 3).unwrap();
+        cache.allocate("r1", 1, "a", 4).unwrap();
+        assert!(cache.check_and_update_cache("r1", 3, "a"));
+        cache.free("r1");
+        assert_eq!(freeable(&cache), vec![("c", 3), ("b", 5), ("a", 4)]);
+        assert_eq!(cache.num_freeable_slots(), 30);
+    }
+
+    #[test]
+    fn budgets_outside_i64_arithmetic_do_not_overflow() {
+        let mut cache = EncoderCache::new(u64::MAX);
+        assert!(!cache.can_allocate(u64::MAX, i64::MAX, i64::MAX));
+        assert!(!cache.can_allocate(1, i64::MIN, 0));
+        assert!(cache.can_allocate(1, 1, i64::MIN));
+    }
+
+    #[test]
+    fn reset_returns_to_a_new_cache() {
+        let mut cache = EncoderCache::new(10);
+        cache.allocate("r1", 0, "a", 4).unwrap();
+        cache.free("r1");
+        assert!(cache.can_allocate(10, 10, 0));
+        cache.reset();
+        assert_eq!(format!("{cache:?}"), format!("{:?}", EncoderCache::new(10)));
+    }
+}

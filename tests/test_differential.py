@@ -1,0 +1,126 @@
+"""The Rust manager against the pure-Python one: random scheduler-like call
+sequences, every return value and every readable field compared after every
+call, and the bookkeeping invariants checked on both."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from conftest import make_request, state
+
+import encoder_cache
+from encoder_cache import reference
+from encoder_cache.request import MultiModalFeature, PlaceholderRange
+
+ITEMS = [f"img{i}" for i in range(8)]
+# Mostly one size per item; the odd request disagrees, as a reused client UUID would.
+SIZES = {item: 1 + 3 * i for i, item in enumerate(ITEMS)}
+
+def outcome(call):
+    """A call's return value, or the type of the exception it raised."""
+    try:
+        return ("ok", call())
+    except Exception as exc:  # noqa: BLE001 - the type is what we compare
+        return ("raised", type(exc))
+
+
+def check_invariants(manager) -> None:
+    s = state(manager)
+    cached_sizes = sum(s["num_embeds_by_hash"][k] for k in s["cached"])
+    assert s["num_free_slots"] + cached_sizes == s["cache_size"]
+    unreferenced = [k for k, refs in s["cached"].items() if not refs]
+    assert sorted(k for k, _ in s["freeable"]) == sorted(unreferenced)
+    assert s["num_freeable_slots"] == s["num_free_slots"] + sum(n for _, n in s["freeable"])
+    assert set(s["request_cached_ids"]) == set(s["request_hash_refs"])
+    for request_id, identifiers in s["cached"].items():
+        for referrer in identifiers:
+            assert request_id in s["request_hash_refs"][referrer]
+
+
+class DifferentialMachine(RuleBasedStateMachine):
+    @initialize(cache_size=st.integers(0, 40))
+    def build(self, cache_size):
+        self.rust = encoder_cache.EncoderCacheManager(cache_size)
+        self.python = reference.EncoderCacheManager(cache_size)
+        self.requests = []
+        self.count = 0
+
+    def both(self, method, *args):
+        got = outcome(lambda: getattr(self.rust, method)(*args))
+        want = outcome(lambda: getattr(self.python, method)(*args))
+        assert got == want, (method, args)
+        return want
+
+    @rule(items=st.lists(st.sampled_from(ITEMS), min_size=1, max_size=6), odd=st.integers(0, 9))
+    def new_request(self, items, odd):
+        sizes = [SIZES[item] for item in items]
+        if odd == 0:
+            sizes[0] += 1  # an identifier arriving with another embed count
+        self.count += 1
+        self.requests.append(make_request(f"req{self.count}", items, sizes))
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data(), budget=st.integers(-2, 40), scheduled=st.integers(0, 20))
+    def schedule_item(self, data, budget, scheduled):
+        """What vLLM's scheduler does per item: hit, or check room and allocate."""
+        request = data.draw(st.sampled_from(self.requests))
+        input_id = data.draw(st.integers(0, len(request.mm_features) - 1))
+        self.both("get_cached_num_encoder_embeds", request, input_id)
+        if self.both("check_and_update_cache", request, input_id) == ("ok", False):
+            if self.both("can_allocate", request, input_id, budget, scheduled) == ("ok", True):
+                self.both("allocate", request, input_id)
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data(), budget=st.integers(-2, 40), scheduled=st.integers(-5, 20))
+    def can_allocate(self, data, budget, scheduled):
+        request = data.draw(st.sampled_from(self.requests))
+        self.both("can_allocate", request, data.draw(st.integers(0, len(request.mm_features))), budget, scheduled)
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def allocate_blindly(self, data):
+        request = data.draw(st.sampled_from(self.requests))
+        self.both("allocate", request, data.draw(st.integers(-1, len(request.mm_features))))
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def free_encoder_input(self, data):
+        request = data.draw(st.sampled_from(self.requests))
+        self.both("free_encoder_input", request, data.draw(st.integers(0, len(request.mm_features))))
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def free(self, data):
+        request = data.draw(st.sampled_from(self.requests))
+        self.both("get_cached_input_ids", request)
+        self.both("free", request)
+
+    @rule()
+    def report_freed(self):
+        self.both("get_freed_mm_hashes")
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def grow_request(self, data):
+        """Streaming sessions append items to a live request."""
+        request = data.draw(st.sampled_from(self.requests))
+        item = data.draw(st.sampled_from(ITEMS))
+        last = request.mm_features[-1].mm_position
+        request.mm_features.append(MultiModalFeature(item, PlaceholderRange(last.offset + last.length + 1, SIZES[item])))
+
+    @rule(chance=st.integers(0, 19))
+    def reset(self, chance):
+        if chance == 0:
+            self.both("reset")
+
+    @invariant()
+    def same_state_and_sound(self):
+        assert state(self.rust) == state(self.python)
+        check_invariants(self.python)
+
+
+DifferentialMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_rust_matches_python = DifferentialMachine.TestCase
