@@ -5,13 +5,17 @@ Each round builds a fresh scheduler and the workload's requests (untimed),
 then runs the workload to the end with fake model outputs (timed:
 ``add_request`` + ``schedule()`` + the fake output + ``update_from_output()``).
 ``extra_info["us_per_step"]`` is the finer number: ``schedule()`` +
-``update_from_output()`` alone, per step. ``python
-benches/bench_vllm_scheduler.py`` prints that number as the BENCHMARKS.md table.
+``update_from_output()`` alone, per step (use ``--benchmark-disable-gc`` to
+keep collections out). ``python benches/bench_vllm_scheduler.py`` prints the
+BENCHMARKS.md table: that number per variant, with the garbage collector off,
+each step's fastest of several rounds, and the share of the three encoder-input
+methods.
 Skipped unless vLLM 0.33 is importable.
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import tempfile
@@ -29,24 +33,21 @@ import vllm_harness as harness  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
+_IMAGE_SETS = harness.Setup(
+    max_num_seqs=64, max_num_batched_tokens=8192, max_image_tokens=32, encoder_cache_size=4096, encoder_compute_budget=4096
+)
+_IMAGE_SET_PROMPTS = dict(
+    seed=7, num_images=512, image_lengths=(16, 24, 32), images_per_turn=(16, 48), max_tokens=(1, 4)
+)
 WORKLOADS = {
-    # Chats over a shared image pool, one image per new turn.
-    "chat": (
+    # Chats over a shared image pool, one image per new turn; later turns hit the prefix cache.
+    "chat-4-turns": (
         harness.Setup(max_num_seqs=64, max_num_batched_tokens=2048, encoder_cache_size=2048, encoder_compute_budget=2048),
         dict(seed=7, num_conversations=48, num_turns=4, max_tokens=(8, 32)),
     ),
-    # Video frames / photo sets: 16 to 48 small images per new turn, short answers.
-    "many-images": (
-        harness.Setup(
-            max_num_seqs=64,
-            max_num_batched_tokens=8192,
-            max_image_tokens=32,
-            encoder_cache_size=4096,
-            encoder_compute_budget=4096,
-        ),
-        dict(seed=7, num_conversations=32, num_turns=3, num_images=512, image_lengths=(16, 24, 32),
-             images_per_turn=(16, 48), max_tokens=(1, 4)),
-    ),
+    # Photo sets or video frames: 16 to 48 small images per new turn, short answers.
+    "image-sets-3-turns": (_IMAGE_SETS, dict(_IMAGE_SET_PROMPTS, num_conversations=32, num_turns=3)),
+    "image-sets-1-turn": (_IMAGE_SETS, dict(_IMAGE_SET_PROMPTS, num_conversations=64, num_turns=1)),
 }
 ROUNDS = 5
 
@@ -85,7 +86,7 @@ ENCODER_METHODS = ("_try_schedule_encoder_inputs", "_allocate_encoder_inputs", "
 
 def _time_encoder_methods(scheduler) -> list[int]:
     """Wrap the scheduler's three encoder-input methods (ours or vLLM's, which
-    call the manager) with a timer; returns the list their times go to."""
+    call the manager) with a timer; returns the list each call's time goes to."""
     spent: list[int] = []
     for name in ENCODER_METHODS:
         method = getattr(scheduler, name)
@@ -101,10 +102,42 @@ def _time_encoder_methods(scheduler) -> list[int]:
     return spent
 
 
-def _best_per_step(rounds: list[list[int]]) -> float:
-    """Mean over steps of each step's fastest round, in µs: every round runs the
-    same steps, and the fastest is the one least disturbed by other load."""
-    return statistics.fmean(min(times) for times in zip(*rounds)) / 1e3
+def _count_embed_reads(variant, model, workload) -> int:
+    """How many times the run asks vLLM's PlaceholderRange for its embed count
+    (a torch cumsum the first time, for items with an ``is_embed`` mask)."""
+    from vllm.multimodal.inputs import PlaceholderRange
+
+    calls = 0
+    original = PlaceholderRange.get_num_embeds
+
+    def counted(self):
+        nonlocal calls
+        calls += 1
+        return original(self)
+
+    PlaceholderRange.get_num_embeds = counted
+    try:
+        harness.run(*_prepare(variant, model, workload), record=False)
+    finally:
+        PlaceholderRange.get_num_embeds = original
+    return calls
+
+
+def _run_without_gc(scheduler, specs) -> harness.Run:
+    # As timeit does: a collection landing in one variant's run is noise, not its cost.
+    gc.collect()
+    gc.disable()
+    try:
+        return harness.run(scheduler, specs, record=False)
+    finally:
+        gc.enable()
+
+
+def _best(rounds: list[list[int]], num_steps: int) -> float:
+    """µs per step: each step's (or call's) fastest round, summed, over the steps.
+    Every round makes the same calls in the same order, and the fastest is the
+    one least disturbed by other load on the machine."""
+    return sum(min(times) for times in zip(*rounds, strict=True)) / num_steps / 1e3
 
 
 def report(rounds: int = ROUNDS) -> str:
@@ -113,28 +146,30 @@ def report(rounds: int = ROUNDS) -> str:
     with tempfile.TemporaryDirectory() as directory:
         model = harness.model_config(Path(directory))
         lines = [
-            "| workload | steps | variant | schedule + update, µs/step | vs stock | encoder methods, µs/step | vs stock |",
-            "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+            "| workload | steps | variant | schedule + update, µs/step | vs stock "
+            "| encoder methods, µs/step | vs stock | get_num_embeds calls |",
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         for workload in WORKLOADS:
             steps: dict[str, list[list[int]]] = {variant: [] for variant in harness.VARIANTS}
-            encoder: dict[str, list[int]] = {variant: [] for variant in harness.VARIANTS}
+            encoder: dict[str, list[list[int]]] = {variant: [] for variant in harness.VARIANTS}
             # Interleave the variants round by round so drift hits all alike.
             for _ in range(rounds):
                 for variant in harness.VARIANTS:
-                    steps[variant].append(harness.run(*_prepare(variant, model, workload), record=False).step_ns)
+                    steps[variant].append(_run_without_gc(*_prepare(variant, model, workload)).step_ns)
                     scheduler, specs = _prepare(variant, model, workload)
                     spent = _time_encoder_methods(scheduler)
-                    harness.run(scheduler, specs, record=False)
-                    encoder[variant].append(sum(spent))
+                    _run_without_gc(scheduler, specs)
+                    encoder[variant].append(spent)
             num_steps = len(steps["stock"][0])
-            step_us = {variant: _best_per_step(times) for variant, times in steps.items()}
-            encoder_us = {variant: min(times) / num_steps / 1e3 for variant, times in encoder.items()}
+            step_us = {variant: _best(times, num_steps) for variant, times in steps.items()}
+            encoder_us = {variant: _best(times, num_steps) for variant, times in encoder.items()}
             for variant in harness.VARIANTS:
                 lines.append(
                     f"| {workload} | {num_steps} | {variant} | {step_us[variant]:.0f} | "
                     f"{step_us['stock'] / step_us[variant]:.2f}x | {encoder_us[variant]:.0f} | "
-                    f"{encoder_us['stock'] / encoder_us[variant]:.2f}x |"
+                    f"{encoder_us['stock'] / encoder_us[variant]:.2f}x | "
+                    f"{_count_embed_reads(variant, model, workload)} |"
                 )
     return "\n".join(lines)
 

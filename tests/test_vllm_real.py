@@ -32,6 +32,13 @@ def model(tmp_path_factory):
         return harness.model_config(tmp_path_factory.mktemp("tiny-llava"))
 
 
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        return harness.model_config(tmp_path_factory.mktemp("tiny-whisper"), encoder_decoder=True)
+
+
 def _first_difference(expected: list[dict], got: list[dict]) -> str:
     for step, (a, b) in enumerate(zip(expected, got)):
         if a != b:
@@ -81,6 +88,23 @@ def test_same_scheduler_output_every_step(model, scenario, async_scheduling):
         assert _total(steps, "preempted") > 0
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_encoder_decoder_same_scheduler_output_every_step(whisper, async_scheduling):
+    setup = harness.Setup(
+        max_image_tokens=1500,
+        encoder_cache_size=3000,
+        encoder_compute_budget=3000,
+        max_num_batched_tokens=2048,
+        async_scheduling=async_scheduling,
+    )
+    specs = harness.transcriptions(seed=3, num_requests=24)
+    steps = _run_all(whisper, setup, specs)["stock"]
+    # No cache for encoder-decoder models: every request's clip is encoded, once.
+    encoded = [r for step in steps for r, ids in step["encoder_inputs"].items() for _ in ids]
+    assert sorted(encoded) == sorted(spec.request_id for spec in specs)
+    assert len({spec.encoder_input for spec in specs}) < len(specs), "repeated clips expected"
+
+
 def test_embed_count_mismatch_rejects_the_same_request(model):
     """A reused multimodal UUID with another size: vLLM rejects the request; so do we."""
     first = harness.RequestSpec("a", 0, (1, 2, harness.Image("uuid", 64), 3), 4)
@@ -112,6 +136,40 @@ def test_vllm_builds_our_classes_from_its_config(model, async_scheduling):
         assert scheduler.schedule().ec_manager_metadata is None
 
 
+@pytest.mark.parametrize("variant", ["manager", "scheduler"])
+def test_vllm_builds_the_encoder_decoder_variant_for_an_encoder_decoder_model(whisper, variant):
+    scheduler = harness.build_scheduler(variant, whisper, harness.Setup(max_image_tokens=1500))
+    assert type(scheduler.encoder_cache_manager) is encoder_cache.EncoderDecoderCacheManager
+
+
 def test_vllm_passes_manager_config_to_our_hook(model):
     with pytest.raises(ValueError, match=r"takes no manager_config options, got \['capacity'\]"):
         harness.build_scheduler("manager", model, harness.Setup(), manager_config={"capacity": 1})
+
+
+MANAGER_FLAG = '{"encoder_cache_manager_cls": "encoder_cache.vllm.EncoderCacheManager"}'
+
+
+def test_vllm_serve_flags_from_the_readme_resolve_to_our_classes(monkeypatch):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    # The parser builds default configs, which need a device; this machine has no GPU.
+    monkeypatch.setattr(current_platform, "device_type", current_platform.device_type or "cpu")
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    argv = ["--ec-manager-config", MANAGER_FLAG, "--scheduler-cls", "encoder_cache.vllm.AsyncScheduler"]
+    engine_args = AsyncEngineArgs.from_cli_args(parser.parse_args(argv))
+    assert engine_args.ec_manager_config.get_encoder_cache_manager_obj() is hook.EncoderCacheManager
+    assert resolve_obj_by_qualname(engine_args.scheduler_cls) is hook.AsyncScheduler
+
+
+def test_llm_keyword_arguments_from_the_readme_resolve_to_our_classes():
+    import json
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    # LLM(**kwargs) hands its keyword arguments to EngineArgs.
+    engine_args = EngineArgs(ec_manager_config=json.loads(MANAGER_FLAG), scheduler_cls="encoder_cache.vllm.Scheduler")
+    assert engine_args.ec_manager_config.get_encoder_cache_manager_obj() is hook.EncoderCacheManager

@@ -82,9 +82,33 @@ _LLAVA_CONFIG = {
 }
 
 
-def model_config(directory: Path, max_model_len: int = 8192) -> ModelConfig:
-    """vLLM's ModelConfig for a weightless LLaVA-shaped model written to ``directory``."""
-    (directory / "config.json").write_text(json.dumps(_LLAVA_CONFIG))
+_WHISPER_CONFIG = {
+    "architectures": ["WhisperForConditionalGeneration"],
+    "model_type": "whisper",
+    "is_encoder_decoder": True,
+    "d_model": 64,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "num_mel_bins": 80,
+    "max_source_positions": 1500,
+    "max_target_positions": 448,
+    "vocab_size": 51865,
+    "decoder_start_token_id": 50258,
+    "pad_token_id": 50257,
+    "bos_token_id": 50257,
+    "eos_token_id": 50257,
+}
+
+
+def model_config(directory: Path, encoder_decoder: bool = False) -> ModelConfig:
+    """vLLM's ModelConfig for a weightless model written to ``directory``:
+    LLaVA-shaped, or Whisper-shaped when ``encoder_decoder``."""
+    config, max_model_len = (_WHISPER_CONFIG, 448) if encoder_decoder else (_LLAVA_CONFIG, 8192)
+    (directory / "config.json").write_text(json.dumps(config))
     return ModelConfig(
         model=str(directory), skip_tokenizer_init=True, dtype="float16", seed=0, max_model_len=max_model_len
     )
@@ -189,6 +213,9 @@ class RequestSpec:
     arrival_step: int
     prompt: tuple[int | Image, ...]  # text token ids and images, in order
     max_tokens: int
+    # An encoder-decoder model's input (audio): encoded before the first
+    # decoder token, its placeholder at offset 0, not part of the prompt.
+    encoder_input: Image | None = None
 
 
 def conversations(
@@ -236,7 +263,36 @@ def conversations(
     return specs
 
 
+def transcriptions(
+    seed: int, num_requests: int, num_clips: int = 6, clip_lengths: Sequence[int] = (300, 750, 1500)
+) -> list[RequestSpec]:
+    """Encoder-decoder requests: one audio clip each (popular clips sent
+    again), a few decoder prompt tokens, answers of 4 to 40 tokens."""
+    rng = random.Random(seed)
+    clips = [Image(f"clip{n}", rng.choice(clip_lengths)) for n in range(num_clips)]
+    return [
+        RequestSpec(
+            f"t{n}",
+            n // 2,
+            tuple(50258 + rng.randrange(4) for _ in range(rng.randrange(1, 5))),
+            rng.randrange(4, 40),
+            encoder_input=rng.choices(clips, [1.0 / (i + 1) for i in range(num_clips)])[0],
+        )
+        for n in range(num_requests)
+    ]
+
+
 _block_hasher = None
+
+
+def _feature(item: Image, offset: int) -> MultiModalFeatureSpec:
+    mask = None if item.is_embed is None else torch.tensor(item.is_embed)
+    return MultiModalFeatureSpec(
+        data=MultiModalKwargsItem.dummy(),
+        modality="image",
+        identifier=item.identifier,
+        mm_position=PlaceholderRange(offset=offset, length=item.length, is_embed=mask),
+    )
 
 
 def make_request(spec: RequestSpec) -> Request:
@@ -247,17 +303,11 @@ def make_request(spec: RequestSpec) -> Request:
         _block_hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
     token_ids: list[int] = []
     features = []
+    if spec.encoder_input is not None:
+        features.append(_feature(spec.encoder_input, 0))
     for part in spec.prompt:
         if isinstance(part, Image):
-            mask = None if part.is_embed is None else torch.tensor(part.is_embed)
-            features.append(
-                MultiModalFeatureSpec(
-                    data=MultiModalKwargsItem.dummy(),
-                    modality="image",
-                    identifier=part.identifier,
-                    mm_position=PlaceholderRange(offset=len(token_ids), length=part.length, is_embed=mask),
-                )
-            )
+            features.append(_feature(part, len(token_ids)))
             token_ids += [IMAGE_TOKEN] * part.length
         else:
             token_ids.append(part)
@@ -309,7 +359,7 @@ def _record(scheduler_output: Any, engine_outputs: dict[int, Any], manager: Any)
         "preempted": sorted(scheduler_output.preempted_req_ids or ()),
         "outputs": outputs,
         "free_slots": manager.num_free_slots,
-        "freeable_slots": manager.num_freeable_slots,
+        "freeable_slots": getattr(manager, "num_freeable_slots", None),  # none for encoder-decoder
     }
 
 

@@ -23,6 +23,7 @@ import os
 from typing import Any
 
 import encoder_cache._core as _core
+from encoder_cache.reference import StepResult
 
 SUPPORTED_SERIES = "0.33"
 VERSION_OVERRIDE_ENV = "ENCODER_CACHE_ALLOW_VLLM_VERSION"
@@ -117,7 +118,7 @@ class _StepLevelEncoderInputs:
         num_new_tokens: int,
         encoder_compute_budget: int,
         shift_computed_tokens: int = 0,
-    ) -> tuple[list[int], int, int, list[int], list[int]]:
+    ) -> StepResult:
         connector = self.ec_connector
         return self.encoder_cache_manager.try_schedule_encoder_inputs(
             request,
