@@ -9,6 +9,7 @@ against it. The real vLLM is exercised in test_vllm_real.py.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import subprocess
 import sys
 import types
@@ -118,6 +119,22 @@ def test_importing_the_package_does_not_import_vllm():
 def test_missing_vllm_is_a_clear_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # what a missing package looks like to `import`
     with pytest.raises(ImportError, match=r"needs vLLM 0\.33\.x, which is not installed: pip install"):
+        _fresh_import(monkeypatch)
+
+
+class _BrokenVllmFinder(importlib.abc.MetaPathFinder):
+    """vLLM present but failing to load, as with a missing CUDA library."""
+
+    def find_spec(self, name, path, target=None):
+        if name == "vllm":
+            raise ImportError("libcudart.so.13: cannot open shared object file")
+        return None
+
+
+def test_broken_vllm_is_reported_as_such(monkeypatch):
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_BrokenVllmFinder(), *sys.meta_path])
+    with pytest.raises(ImportError, match=r"vLLM is installed but failed to import \(libcudart"):
         _fresh_import(monkeypatch)
 
 

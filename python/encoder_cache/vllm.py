@@ -30,15 +30,15 @@ VERSION_OVERRIDE_ENV = "ENCODER_CACHE_ALLOW_VLLM_VERSION"
 _INSTALL_HINT = f"pip install 'vllm=={SUPPORTED_SERIES}.*'"
 
 
-def _import_vllm() -> Any:
+def _check_vllm() -> None:
     try:
         import vllm
-    except ModuleNotFoundError as exc:
-        if exc.name != "vllm":
-            raise ImportError(f"vLLM is installed but failed to import ({exc}); encoder_cache.vllm needs it") from exc
-        raise ImportError(
-            f"encoder_cache.vllm needs vLLM {SUPPORTED_SERIES}.x, which is not installed: {_INSTALL_HINT}"
-        ) from exc
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "vllm":
+            raise ImportError(
+                f"encoder_cache.vllm needs vLLM {SUPPORTED_SERIES}.x, which is not installed: {_INSTALL_HINT}"
+            ) from exc
+        raise ImportError(f"vLLM is installed but failed to import ({exc}); encoder_cache.vllm needs it") from exc
     version = str(getattr(vllm, "__version__", "unknown"))
     supported = version == SUPPORTED_SERIES or version.startswith(SUPPORTED_SERIES + ".")
     if not supported and os.environ.get(VERSION_OVERRIDE_ENV) != version:
@@ -47,10 +47,9 @@ def _import_vllm() -> Any:
             f"the scheduler's private methods it replaces are version-specific. Install {_INSTALL_HINT}, or set "
             f"{VERSION_OVERRIDE_ENV}={version} to try this version anyway."
         )
-    return vllm
 
 
-_import_vllm()
+_check_vllm()
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler  # noqa: E402
