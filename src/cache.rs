@@ -13,6 +13,9 @@ use std::sync::Arc;
 use hashbrown::{HashMap, HashSet};
 use hashlink::LinkedHashMap;
 
+mod state;
+pub use state::{CacheState, EntryState, InvariantViolation, RequestState};
+
 /// An item identifier (vLLM's `mm_hash`) or a request id, shared between maps.
 pub type Key = Arc<str>;
 
@@ -26,6 +29,10 @@ pub enum CacheError {
     InsufficientSpace { identifier: String, needed: u64, free: u64, freeable: u64 },
     /// A cached item was offered with a different embedding count.
     EmbedCountMismatch { identifier: String, cached: u64, requested: u64 },
+    /// The request already holds this input position as another item (its
+    /// `mm_features` changed under a held input). Counting the new item there
+    /// would leave a reference that no free could ever release.
+    InputHeld { request_id: String, input_id: usize, held: String, given: String },
 }
 
 impl std::fmt::Display for CacheError {
@@ -43,6 +50,11 @@ impl std::fmt::Display for CacheError {
             Self::EmbedCountMismatch { identifier, cached, requested } => write!(
                 f,
                 "item {identifier:?} is cached with {cached} embeddings but the request gives {requested}"
+            ),
+            Self::InputHeld { request_id, input_id, held, given } => write!(
+                f,
+                "request '{request_id}' already holds input {input_id} as item '{held}', not '{given}'; \
+                 free that input before reusing its id"
             ),
         }
     }
@@ -138,10 +150,14 @@ impl EncoderCache {
 
     /// If `identifier` is cached, record that `request_id` uses it at
     /// `input_id` (taking it off the eviction list if it was unreferenced) and
-    /// return true.
-    pub fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> bool {
+    /// return true. An input the request already holds is a hit that changes
+    /// nothing, or an error if it is held as another item.
+    pub fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> Result<bool, CacheError> {
+        if self.check_input(request_id, input_id, identifier)? {
+            return Ok(true);
+        }
         let Some((key, entry)) = self.entries.get_key_value_mut(identifier) else {
-            return false;
+            return Ok(false);
         };
         let key = key.clone();
         if entry.referrers.is_empty() {
@@ -152,7 +168,22 @@ impl EncoderCache {
         let request_key = Self::intern_request(&mut self.requests, request_id);
         entry.referrers.insert(request_key.clone());
         Self::add_occurrence(&mut self.requests, &request_key, input_id, key);
-        true
+        Ok(true)
+    }
+
+    /// Whether `request_id` already holds `input_id` as `identifier`; an error
+    /// if it holds it as another item.
+    fn check_input(&self, request_id: &str, input_id: usize, identifier: &str) -> Result<bool, CacheError> {
+        match self.requests.get(request_id).and_then(|r| r.inputs.get(&input_id)) {
+            None => Ok(false),
+            Some(held) if &**held == identifier => Ok(true),
+            Some(held) => Err(CacheError::InputHeld {
+                request_id: request_id.to_owned(),
+                input_id,
+                held: held.to_string(),
+                given: identifier.to_owned(),
+            }),
+        }
     }
 
     /// Whether an item of `num_embeds` fits in the compute budget and, with
@@ -210,6 +241,7 @@ impl EncoderCache {
     /// `input_id`. On error nothing changes.
     pub fn allocate(&mut self, request_id: &str, input_id: usize, identifier: &str, num_embeds: u64) -> Result<(), CacheError> {
         self.check_allocate(identifier, num_embeds)?;
+        self.check_input(request_id, input_id, identifier)?;
         let key: Key = Arc::from(identifier);
         let request_key = Self::intern_request(&mut self.requests, request_id);
         let mut referrers = HashSet::with_capacity(1);
@@ -330,7 +362,7 @@ mod tests {
     fn a_repeated_item_is_held_until_its_last_occurrence_is_freed() {
         let mut cache = EncoderCache::new(8);
         cache.allocate("r1", 0, "imgA", 4).unwrap();
-        assert!(cache.check_and_update_cache("r1", 1, "imgA"));
+        assert_eq!(cache.check_and_update_cache("r1", 1, "imgA"), Ok(true));
         cache.free_encoder_input("r1", 0);
         assert_eq!(cache.num_freeable_slots(), 4);
         assert!(!cache.can_allocate(8, 1_000_000, 0), "imgA is still needed and must not be evicted");
@@ -387,7 +419,7 @@ mod tests {
         cache.allocate("r1", 2, "b", 5).unwrap();
         cache.allocate("r1", 0, "c", 3).unwrap();
         cache.allocate("r1", 1, "a", 4).unwrap();
-        assert!(cache.check_and_update_cache("r1", 3, "a"));
+        assert_eq!(cache.check_and_update_cache("r1", 3, "a"), Ok(true));
         cache.free("r1");
         assert_eq!(freeable(&cache), vec![("c", 3), ("b", 5), ("a", 4)]);
         assert_eq!(cache.num_freeable_slots(), 30);

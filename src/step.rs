@@ -159,11 +159,7 @@ pub trait StepCache {
     /// chunking.
     const ENCODER_DECODER: bool;
     fn cached_num_embeds(&self, identifier: &str) -> Option<u64>;
-    /// The cached size of `identifier` if the request already holds it at
-    /// `input_id`: taking that hit again would change nothing, so a step
-    /// over cached items skips `check_and_update_cache` for it.
-    fn held_num_embeds(&self, request_id: &str, input_id: usize, identifier: &str) -> Option<u64>;
-    fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> bool;
+    fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> Result<bool, CacheError>;
     fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool;
     fn allocate(&mut self, request_id: &str, input_id: usize, item: &Item) -> Result<(), CacheError>;
     /// The request's held inputs, in no particular order.
@@ -178,13 +174,7 @@ impl StepCache for EncoderCache {
         EncoderCache::cached_num_embeds(self, identifier)
     }
 
-    fn held_num_embeds(&self, request_id: &str, input_id: usize, identifier: &str) -> Option<u64> {
-        let held = self.requests().get(request_id)?.inputs.get(&input_id)?;
-        // A held input keeps its entry referenced, so the entry is there.
-        (**held == *identifier).then(|| self.entries().get(held).map(|e| e.num_embeds)).flatten()
-    }
-
-    fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> bool {
+    fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> Result<bool, CacheError> {
         EncoderCache::check_and_update_cache(self, request_id, input_id, identifier)
     }
 
@@ -212,12 +202,8 @@ impl StepCache for EncoderDecoderCache {
         None
     }
 
-    fn held_num_embeds(&self, _request_id: &str, _input_id: usize, _identifier: &str) -> Option<u64> {
-        None
-    }
-
-    fn check_and_update_cache(&mut self, _request_id: &str, _input_id: usize, _identifier: &str) -> bool {
-        false
+    fn check_and_update_cache(&mut self, _request_id: &str, _input_id: usize, _identifier: &str) -> Result<bool, CacheError> {
+        Ok(false)
     }
 
     fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool {
@@ -303,9 +289,7 @@ pub fn try_schedule<C: StepCache, E: From<StepError>>(
         }
         if !C::ENCODER_DECODER {
             let known = scheduled.get(&*item.identifier).copied();
-            // An identifier scheduled in this step is not cached, so not held.
-            let held = known.is_none().then(|| cache.held_num_embeds(request_id, input_id, &item.identifier)).flatten();
-            let reference = known.or(held).or_else(|| cache.cached_num_embeds(&item.identifier));
+            let reference = known.or_else(|| cache.cached_num_embeds(&item.identifier));
             if let Some(cached) = reference.filter(|&n| n != item.num_embeds) {
                 let mismatch =
                     Mismatch { input_id, identifier: item.identifier.clone(), cached, requested: item.num_embeds };
@@ -320,7 +304,7 @@ pub fn try_schedule<C: StepCache, E: From<StepError>>(
                 out.repeated.push(input_id);
                 continue;
             }
-            if held.is_some() || cache.check_and_update_cache(request_id, input_id, &item.identifier) {
+            if cache.check_and_update_cache(request_id, input_id, &item.identifier).map_err(StepError::from)? {
                 continue;
             }
         }
@@ -380,7 +364,7 @@ pub fn allocate_inputs<C: StepCache>(
         cache.allocate(request_id, input_id, &items[input_id])?;
     }
     for &input_id in repeated {
-        cache.check_and_update_cache(request_id, input_id, &items[input_id].identifier);
+        cache.check_and_update_cache(request_id, input_id, &items[input_id].identifier)?;
     }
     Ok(())
 }
@@ -512,8 +496,9 @@ mod tests {
         // The same request id and input with another size: rejected, as vLLM would.
         let resized = [Item::new(Arc::from("a"), 0, 4, 5, None)];
         assert_eq!(step(&mut cache, &resized, args(0, 4, 100)).mismatch.map(|m| m.cached), Some(4));
-        // Another identifier at the held input: a miss like any other.
-        assert_eq!(step(&mut cache, &[item("b", 0, 4)], args(0, 4, 100)).to_encode, vec![0]);
+        // Another identifier at the held input is refused (free the input first).
+        let err = try_schedule::<_, StepError>(&mut cache, "r", &[item("b", 0, 4)], args(0, 4, 100), &mut |_| Ok(false));
+        assert!(matches!(err, Err(StepError::Cache(CacheError::InputHeld { input_id: 0, .. }))));
     }
 
     #[test]

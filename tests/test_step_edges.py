@@ -225,7 +225,8 @@ def test_a_held_input_is_checked_against_a_changed_item(cls: type) -> None:
         [], 0, 50, [], []
     )
     assert seen == [(resized, 0, "a", 4, 3)]
-    assert manager.try_schedule_encoder_inputs(request("r", ("b", 0, 4)), 0, 4, 50) == ([0], 4, 46, [], [])
+    with pytest.raises(ValueError, match="already holds input 0"):
+        manager.try_schedule_encoder_inputs(request("r", ("b", 0, 4)), 0, 4, 50)
 
 
 @pytest.mark.parametrize("cls", [encoder_cache.EncoderCacheManager, encoder_cache.EncoderDecoderCacheManager])
@@ -273,3 +274,23 @@ def test_encoder_decoder_rules(cls: type) -> None:
     assert manager.try_schedule_encoder_inputs(req, 1, 3, 100) == ([], 3, 100, [], [])
     with pytest.raises(ValueError, match="position 0"):
         manager.try_schedule_encoder_inputs(request("late", ("x", 2, 3)), 1, 5, 100)
+
+
+@pytest.mark.parametrize("cls", [encoder_cache.EncoderCacheManager, encoder_cache.EncoderDecoderCacheManager])
+def test_has_remote_item_must_not_call_back_into_the_manager(cls: type) -> None:
+    manager = cls(10)
+    with pytest.raises(RuntimeError, match="borrowed"):
+        manager.try_schedule_encoder_inputs(
+            request("r", ("a", 0, 4)), 0, 4, 10, has_remote_item=lambda identifier: manager.num_free_slots > 0
+        )
+
+
+def test_on_mismatch_runs_after_the_step_and_may_read_the_manager() -> None:
+    manager = encoder_cache.EncoderCacheManager(10)
+    manager.allocate(request("other", ("a", 0, 3)), 0)
+    seen: list[dict[str, set[str]]] = []
+    out = manager.try_schedule_encoder_inputs(
+        request("r", ("a", 0, 4)), 0, 4, 10, on_mismatch=lambda *args: seen.append(manager.cached)
+    )
+    assert out == ([], 0, 10, [], [])
+    assert seen == [{"a": {"other"}}]

@@ -8,11 +8,13 @@ holds the pure-Python implementation they are checked and measured against.
 
 from encoder_cache._core import EncoderCacheManager, EncoderDecoderCacheManager
 from encoder_cache.budget import SchedulerConfig, compute_mm_encoder_budget
+from encoder_cache.invariants import InvariantError
 from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 
 __all__ = [
     "EncoderCacheManager",
     "EncoderDecoderCacheManager",
+    "InvariantError",
     "MultiModalFeature",
     "PlaceholderRange",
     "Request",

@@ -103,6 +103,13 @@ class EncoderCacheManager(_StepMethods):
     def request_hash_refs(self) -> dict[str, dict[str, int]]: ...
     @property
     def freed(self) -> list[str]: ...
+    def check_invariants(self) -> None:
+        """Raise ``encoder_cache.InvariantError`` naming the first broken bookkeeping rule."""
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as plain, JSON-able data (shape: see RELIABILITY.md)."""
+    @classmethod
+    def restore(cls, state: dict[str, Any]) -> "EncoderCacheManager":
+        """A manager in a ``snapshot()``'s state; ValueError if it is inconsistent."""
 
 class EncoderDecoderCacheManager(_StepMethods):
     """vLLM 0.33's scheduling-only manager for encoder-decoder models, in Rust.
@@ -134,3 +141,11 @@ class EncoderDecoderCacheManager(_StepMethods):
     def allocated(self) -> list[str]: ...
     @property
     def to_free(self) -> list[str]: ...
+    def check_invariants(self) -> None:
+        """Never raises: this bookkeeping has no rule beyond its types."""
+    def snapshot(self) -> dict[str, Any]: ...
+    @classmethod
+    def restore(cls, state: dict[str, Any]) -> "EncoderDecoderCacheManager": ...
+
+def _panic_for_test() -> None:
+    """Private test hook: panics in Rust, surfacing as pyo3's PanicException."""

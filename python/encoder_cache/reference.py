@@ -20,6 +20,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from encoder_cache.invariants import (
+    InvariantError,
+    _count,
+    _str,
+    check_state,
+    parse_encoder_decoder_state,
+    parse_state,
+)
+
 #: Called when an item's embedding count disagrees with the cache or with an
 #: earlier item of the same step: ``(request, input_id, identifier, cached, requested)``.
 MismatchCallback = Callable[[Any, int, str, int, int], Any]
@@ -33,25 +42,11 @@ __all__ = [
 ]
 
 
-def _count(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be int, not {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{what} must be >= 0, got {value}")
-    return value
-
-
 def _index(input_id: Any) -> int:
     input_id = operator.index(input_id)
     if input_id < 0:
         raise IndexError(f"input_id must be >= 0, got {input_id}")
     return input_id
-
-
-def _str(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be str, not {type(value).__name__}")
-    return value
 
 
 def _identifier(request: Any, input_id: int) -> str:
@@ -84,7 +79,9 @@ class EncoderCacheManager:
         self.num_freeable_slots = self.cache_size
         self.cached: dict[str, set[str]] = {}
         self.num_embeds_by_hash: dict[str, int] = {}
-        self.request_cached_ids: dict[str, set[int]] = {}
+        # request id -> input id -> the item it held when cached (frees use this,
+        # not the request's current mm_features, which a caller may have changed).
+        self.request_inputs: dict[str, dict[int, str]] = {}
         self.request_hash_refs: dict[str, dict[str, int]] = {}
         self.freeable: OrderedDict[str, int] = OrderedDict()
         self.freed: list[str] = []
@@ -92,7 +89,7 @@ class EncoderCacheManager:
     def reset(self) -> None:
         self.cached.clear()
         self.num_embeds_by_hash.clear()
-        self.request_cached_ids.clear()
+        self.request_inputs.clear()
         self.request_hash_refs.clear()
         self.freeable.clear()
         self.freed.clear()
@@ -103,6 +100,8 @@ class EncoderCacheManager:
         input_id = _index(input_id)
         mm_hash = _identifier(request, input_id)
         request_id = _request_id(request)
+        if self._holds(request_id, input_id, mm_hash):
+            return True
         referrers = self.cached.get(mm_hash)
         if referrers is None:
             return False
@@ -154,35 +153,52 @@ class EncoderCacheManager:
                 f"cannot allocate {num_embeds} embeddings for item {mm_hash!r}: {self.num_free_slots} slots free, "
                 f"{self.num_freeable_slots} reclaimable; call can_allocate first so it can evict"
             )
+        self._holds(request_id, input_id, mm_hash)
         self.cached[mm_hash] = {request_id}
         self.num_embeds_by_hash[mm_hash] = num_embeds
         self._hold(request_id, input_id, mm_hash)
         self.num_free_slots -= num_embeds
         self.num_freeable_slots -= num_embeds
 
+    @property
+    def request_cached_ids(self) -> dict[str, set[int]]:
+        """Snapshot: request id -> set of cached input ids."""
+        return {request_id: set(inputs) for request_id, inputs in self.request_inputs.items()}
+
+    def _holds(self, request_id: str, input_id: int, mm_hash: str) -> bool:
+        """Whether the request already holds the input as this item; ValueError
+        if as another (counting the new one would leave an unreleasable reference)."""
+        held = self.request_inputs.get(request_id, {}).get(input_id)
+        if held is None:
+            return False
+        if held != mm_hash:
+            raise ValueError(
+                f"request '{request_id}' already holds input {input_id} as item '{held}', not '{mm_hash}'; "
+                "free that input before reusing its id"
+            )
+        return True
+
     def _hold(self, request_id: str, input_id: int, mm_hash: str) -> None:
-        held = self.request_cached_ids.setdefault(request_id, set())
-        if input_id in held:
-            return
-        held.add(input_id)
+        self.request_inputs.setdefault(request_id, {})[input_id] = mm_hash
         counts = self.request_hash_refs.setdefault(request_id, {})
         counts[mm_hash] = counts.get(mm_hash, 0) + 1
 
     def get_cached_input_ids(self, request: Any) -> set[int]:
-        return set(self.request_cached_ids.get(_request_id(request), ()))
+        return set(self.request_inputs.get(_request_id(request), ()))
 
     def free_encoder_input(self, request: Any, input_id: int) -> None:
         input_id = _index(input_id)
         request_id = _request_id(request)
-        mm_hash = _identifier(request, input_id)
-        held = self.request_cached_ids.get(request_id)
+        held = self.request_inputs.get(request_id)
         if held is None or input_id not in held:
+            # Nothing to release, but an input the request does not have is still an error.
+            _identifier(request, input_id)
             return
-        held.remove(input_id)
+        mm_hash = held.pop(input_id)
         if self._last_occurrence(request, request_id, mm_hash):
             self._release(request_id, mm_hash)
         if not held:
-            del self.request_cached_ids[request_id]
+            del self.request_inputs[request_id]
             self.request_hash_refs.pop(request_id, None)
 
     def _last_occurrence(self, request: Any, request_id: str, mm_hash: str) -> bool:
@@ -206,7 +222,7 @@ class EncoderCacheManager:
 
     def free(self, request: Any) -> None:
         # Ascending input order, as the Rust manager walks them.
-        for input_id in sorted(self.request_cached_ids.get(_request_id(request), ())):
+        for input_id in sorted(self.request_inputs.get(_request_id(request), ())):
             self.free_encoder_input(request, input_id)
 
     def get_freed_mm_hashes(self) -> list[str]:
@@ -216,6 +232,55 @@ class EncoderCacheManager:
 
     def get_manager_metadata(self) -> None:
         return None
+
+    # Reliability: the same invariant check and state dump/restore as the Rust managers.
+
+    def check_invariants(self) -> None:
+        """Raise :class:`~encoder_cache.InvariantError` naming the first broken rule."""
+        check_state(parse_state(self.snapshot()))
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as a plain dict, in the Rust managers' shape."""
+        requests = sorted(self.request_inputs.keys() | self.request_hash_refs.keys())
+        return {
+            "cache_size": self.cache_size,
+            "num_free_slots": self.num_free_slots,
+            "num_freeable_slots": self.num_freeable_slots,
+            "entries": {
+                item: {"num_embeds": self.num_embeds_by_hash[item], "referrers": sorted(referrers)}
+                for item, referrers in sorted(self.cached.items())
+            },
+            "freeable": [[item, size] for item, size in self.freeable.items()],
+            "requests": {
+                request_id: {
+                    "inputs": [[i, item] for i, item in sorted(self.request_inputs.get(request_id, {}).items())],
+                    "occurrences": dict(sorted(self.request_hash_refs.get(request_id, {}).items())),
+                }
+                for request_id in requests
+            },
+            "freed": list(self.freed),
+        }
+
+    @classmethod
+    def restore(cls, state: Any) -> EncoderCacheManager:
+        """A manager in the state ``snapshot()`` gave; ValueError if it breaks an invariant."""
+        state = parse_state(state)
+        try:
+            check_state(state)
+        except InvariantError as err:
+            raise ValueError(f"inconsistent state: {err}") from None
+        manager = cls(state["cache_size"])
+        manager.num_free_slots = state["num_free_slots"]
+        manager.num_freeable_slots = state["num_freeable_slots"]
+        for item, entry in state["entries"].items():
+            manager.cached[item] = set(entry["referrers"])
+            manager.num_embeds_by_hash[item] = entry["num_embeds"]
+        manager.freeable.update(state["freeable"])
+        for request_id, held in state["requests"].items():
+            manager.request_inputs[request_id] = dict(held["inputs"])
+            manager.request_hash_refs[request_id] = dict(held["occurrences"])
+        manager.freed = state["freed"]
+        return manager
 
     # Step-level API: vLLM 0.33's Scheduler._try_schedule_encoder_inputs,
     # _allocate_encoder_inputs and _free_encoder_inputs, as calls on the manager.
@@ -366,7 +431,7 @@ class AnyScanEncoderCacheManager(EncoderCacheManager):
         super()._last_occurrence(request, request_id, mm_hash)
         features = request.mm_features
         return not any(
-            features[other].identifier == mm_hash for other in self.request_cached_ids.get(request_id, ())
+            features[other].identifier == mm_hash for other in self.request_inputs.get(request_id, ())
         )
 
 
@@ -420,6 +485,27 @@ class EncoderDecoderCacheManager(EncoderCacheManager):
     def get_freed_mm_hashes(self) -> list[str]:
         to_free, self.to_free, self.allocated = self.to_free, self.allocated, []
         return to_free
+
+    def check_invariants(self) -> None:
+        """Never raises: this bookkeeping has no rule beyond its types (frees are
+        not matched against allocations, so num_free_slots may leave [0, cache_size])."""
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "cache_size": self.cache_size,
+            "num_free_slots": self.num_free_slots,
+            "allocated": list(self.allocated),
+            "to_free": list(self.to_free),
+        }
+
+    @classmethod
+    def restore(cls, state: Any) -> EncoderDecoderCacheManager:
+        state = parse_encoder_decoder_state(state)
+        manager = cls(state["cache_size"])
+        manager.num_free_slots = state["num_free_slots"]
+        manager.allocated = state["allocated"]
+        manager.to_free = state["to_free"]
+        return manager
 
     def _consumed(self, request: Any, placeholder: Any, position: int) -> bool:
         # Cross-attention has the encoder output once the first decoder token is computed.

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PySet, PyTuple, PyType};
+use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::request::{count, identifier, input_index, num_embeds, num_features, request_id};
+use super::state::{encoder_decoder_state_from_dict, encoder_decoder_state_to_dict};
 use super::step::{ItemRecords, StepRequest};
 use crate::encoder_decoder::EncoderDecoderCache;
 use crate::step::StepArgs;
@@ -55,14 +56,15 @@ impl PyEncoderDecoderCacheManager {
     }
 
     fn can_allocate(
-        &self,
+        slf: &Bound<'_, Self>,
         request: &Bound<'_, PyAny>,
         input_id: i64,
         encoder_compute_budget: i64,
         num_embeds_to_schedule: i64,
     ) -> PyResult<bool> {
         let n = num_embeds(request, input_index(input_id)?)?;
-        Ok(self.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule))
+        let fits = slf.try_borrow()?.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule);
+        Ok(fits)
     }
 
     fn allocate(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
@@ -74,8 +76,8 @@ impl PyEncoderDecoderCacheManager {
     }
 
     /// Every item of the request counts as held until the decoder starts.
-    fn get_cached_input_ids<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
-        PySet::new(py, 0..num_features(request)?)
+    fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
+        PySet::new(slf.py(), 0..num_features(request)?)
     }
 
     fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
@@ -113,7 +115,7 @@ impl PyEncoderDecoderCacheManager {
     }
 
     #[getter]
-    fn num_free_slots(&self) -> i64 {
+    fn num_free_slots(&self) -> i128 {
         self.cache.num_free_slots()
     }
 
@@ -199,5 +201,26 @@ impl PyEncoderDecoderCacheManager {
             self.cache.cache_size(),
             self.cache.num_free_slots()
         )
+    }
+
+    // Reliability: invariant check and state dump/restore (see src/bindings/state.rs).
+
+    /// Never raises: vLLM's encoder-decoder bookkeeping has no rule beyond its
+    /// types (frees are not matched against allocations, so the free-slot count
+    /// may leave [0, cache_size]). Here so both managers have the same API.
+    fn check_invariants(&self) {}
+
+    /// The whole state as a plain dict (`json.dumps`-able); `restore` takes it back.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        encoder_decoder_state_to_dict(py, &self.cache.snapshot())
+    }
+
+    /// A manager in the state `snapshot()` gave.
+    #[classmethod]
+    fn restore<'py>(cls: &Bound<'py, PyType>, state: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let state = encoder_decoder_state_from_dict(state)?;
+        let manager = cls.call1((state.cache_size,))?;
+        manager.cast::<Self>()?.try_borrow_mut()?.cache = EncoderDecoderCache::restore(&state);
+        Ok(manager)
     }
 }

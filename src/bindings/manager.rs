@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::request::{count, identifier, input_index, num_embeds, request_id};
+use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
 use super::step::{ItemRecords, StepRequest};
 use crate::cache::{CacheError, EncoderCache};
 use crate::step::StepArgs;
@@ -50,13 +51,14 @@ impl PyEncoderCacheManager {
         let input_id = input_index(input_id)?;
         let item = identifier(request, input_id)?;
         let req = request_id(request)?;
-        let hit = slf.try_borrow_mut()?.cache.check_and_update_cache(req.to_str()?, input_id, item.to_str()?);
+        let hit = slf.try_borrow_mut()?.cache.check_and_update_cache(req.to_str()?, input_id, item.to_str()?)?;
         Ok(hit)
     }
 
-    fn get_cached_num_encoder_embeds(&self, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
+    fn get_cached_num_encoder_embeds(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
         let item = identifier(request, input_index(input_id)?)?;
-        Ok(self.cache.cached_num_embeds(item.to_str()?))
+        let n = slf.try_borrow()?.cache.cached_num_embeds(item.to_str()?);
+        Ok(n)
     }
 
     fn can_allocate(
@@ -80,11 +82,12 @@ impl PyEncoderCacheManager {
         Ok(())
     }
 
-    fn get_cached_input_ids<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
+    fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let req = request_id(request)?;
-        match self.cache.cached_input_ids(req.to_str()?) {
-            Some(inputs) => PySet::new(py, inputs.keys()),
-            None => PySet::empty(py),
+        let this = slf.try_borrow()?;
+        match this.cache.cached_input_ids(req.to_str()?) {
+            Some(inputs) => PySet::new(slf.py(), inputs.keys()),
+            None => PySet::empty(slf.py()),
         }
     }
 
@@ -266,6 +269,29 @@ impl PyEncoderCacheManager {
             self.cache.entries().len(),
             self.cache.requests().len(),
         )
+    }
+
+    // Reliability: invariant check and state dump/restore (see src/bindings/state.rs).
+
+    /// Raise `encoder_cache.InvariantError` naming the first broken bookkeeping rule.
+    fn check_invariants(&self) -> PyResult<()> {
+        self.cache.check_invariants().map_err(invariant_error)
+    }
+
+    /// The whole state as a plain dict (`json.dumps`-able); `restore` takes it back.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        cache_state_to_dict(py, &self.cache.snapshot())
+    }
+
+    /// A manager in the state `snapshot()` gave; ValueError if it breaks an invariant.
+    #[classmethod]
+    fn restore<'py>(cls: &Bound<'py, PyType>, state: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let state = cache_state_from_dict(state)?;
+        let cache = EncoderCache::restore(&state)
+            .map_err(|v| PyValueError::new_err(format!("inconsistent state: {v}")))?;
+        let manager = cls.call1((state.cache_size,))?;
+        manager.cast::<Self>()?.try_borrow_mut()?.cache = cache;
+        Ok(manager)
     }
 }
 

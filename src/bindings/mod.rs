@@ -4,13 +4,26 @@
 mod encoder_decoder;
 mod manager;
 mod request;
+mod state;
 mod step;
 
 use pyo3::prelude::*;
 
-#[pymodule]
+/// Test hook, private: panics on purpose, so a test can prove that a Rust
+/// panic surfaces as a Python exception (pyo3's PanicException, the release
+/// profile keeps panic = "unwind") instead of aborting the interpreter.
+#[pyfunction]
+fn _panic_for_test() {
+    panic!("deliberate panic from encoder_cache._core._panic_for_test");
+}
+
+// gil_used: the managers rely on the GIL to serialise callers (PyO3's borrow
+// flag turns a contended call into RuntimeError); a free-threaded interpreter
+// re-enables the GIL on import rather than run them unserialised.
+#[pymodule(gil_used = true)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyEncoderCacheManager>()?;
     m.add_class::<encoder_decoder::PyEncoderDecoderCacheManager>()?;
+    m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     Ok(())
 }

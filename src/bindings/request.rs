@@ -57,9 +57,13 @@ pub(crate) fn count(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if value.is_instance_of::<pyo3::types::PyBool>() {
         return Err(PyTypeError::new_err(format!("{what} must be int, not bool")));
     }
-    let n: i64 = value
-        .extract()
-        .map_err(|_| PyTypeError::new_err(format!("{what} must be int, not {}", type_name(value))))?;
+    let Ok(n) = value.extract::<i64>() else {
+        if !value.is_instance_of::<pyo3::types::PyInt>() {
+            return Err(PyTypeError::new_err(format!("{what} must be int, not {}", type_name(value))));
+        }
+        let bound = if value.lt(0)? { ">= 0" } else { "< 2**63" };
+        return Err(PyValueError::new_err(format!("{what} must be {bound}, got {value}")));
+    };
     u64::try_from(n).map_err(|_| PyValueError::new_err(format!("{what} must be >= 0, got {n}")))
 }
 

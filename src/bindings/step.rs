@@ -68,7 +68,7 @@ impl ItemRecords {
 pub(crate) struct StepRequest<'py> {
     request: Bound<'py, PyAny>,
     id: Bound<'py, PyString>,
-    pub(crate) items: Arc<[Item]>,
+    items: Arc<[Item]>,
     /// Records read in this call, to be kept by [`StepRequest::remember`].
     fresh: bool,
 }

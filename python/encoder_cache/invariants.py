@@ -1,0 +1,210 @@
+"""The encoder cache's bookkeeping rules, checked over a state dump.
+
+``check_invariants()`` on every manager raises :class:`InvariantError` with a
+message ``"<rule>: <culprit>"``. The Rust managers check the same rules, in the
+same order, with the same words (src/cache/state.rs), so a state that breaks a
+rule is reported identically by both implementations.
+
+Pure Python: ``encoder_cache.reference`` uses it without the compiled module.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+__all__ = ["InvariantError", "RULES", "check_state", "parse_encoder_decoder_state", "parse_state"]
+
+
+class InvariantError(AssertionError):
+    """A manager's bookkeeping broke one of :data:`RULES`: a bug, never bad input.
+
+    An ``AssertionError``, because no caller can provoke or handle it; it exists
+    so tests, fuzzers and operators can ask a live manager whether it is sound.
+    """
+
+
+SLOTS_ACCOUNTED = "free + cached sizes equal cache_size"
+FREEABLE_UNREFERENCED = "freeable holds exactly the unreferenced entries"
+FREEABLE_SLOTS = "freeable slots equal free slots plus freeable sizes"
+OCCURRENCES_MATCH = "every request's occurrence counts match its cached input ids"
+REFERRERS_COUNTED = "no request id referenced by an entry that the request no longer counts"
+COUNTED_REFERENCED = "every item a request counts is cached and referenced by it"
+#: In the order they are checked. Eviction *order* cannot be checked from a
+#: state alone; the differential tests compare it with the other implementation.
+RULES = (
+    SLOTS_ACCOUNTED,
+    FREEABLE_UNREFERENCED,
+    FREEABLE_SLOTS,
+    OCCURRENCES_MATCH,
+    REFERRERS_COUNTED,
+    COUNTED_REFERENCED,
+)
+
+_ENCODER_DECODER_KEYS = ("cache_size", "num_free_slots", "allocated", "to_free")
+_CACHE_KEYS = ("cache_size", "num_free_slots", "num_freeable_slots", "entries", "freeable", "requests", "freed")
+
+
+def check_state(state: dict[str, Any]) -> None:
+    """Raise :class:`InvariantError` for the first broken rule of a parsed
+    ``EncoderCacheManager`` state (see :func:`parse_state`)."""
+    entries, requests = state["entries"], state["requests"]
+    free, freeable_slots = state["num_free_slots"], state["num_freeable_slots"]
+
+    cached = sum(e["num_embeds"] for e in entries.values())
+    if free + cached != state["cache_size"]:
+        _broken(SLOTS_ACCOUNTED, f"{free} free + {cached} cached != {state['cache_size']}")
+
+    seen: set[str] = set()
+    for item, size in state["freeable"]:
+        if item in seen:
+            _broken(FREEABLE_UNREFERENCED, f"item '{item}' is listed twice")
+        seen.add(item)
+        entry = entries.get(item)
+        if entry is None:
+            _broken(FREEABLE_UNREFERENCED, f"freeable item '{item}' is not cached")
+        if entry["referrers"]:
+            _broken(FREEABLE_UNREFERENCED, f"freeable item '{item}' is referenced by {len(entry['referrers'])} requests")
+        if size != entry["num_embeds"]:
+            _broken(FREEABLE_UNREFERENCED, f"freeable item '{item}' has size {size}, cached size {entry['num_embeds']}")
+    for item in sorted(entries):
+        if not entries[item]["referrers"] and item not in seen:
+            _broken(FREEABLE_UNREFERENCED, f"unreferenced item '{item}' is not freeable")
+
+    freeable = sum(size for _, size in state["freeable"])
+    if freeable_slots != free + freeable:
+        _broken(FREEABLE_SLOTS, f"{freeable_slots} freeable != {free} free + {freeable} freeable")
+
+    for request in sorted(requests):
+        held = requests[request]
+        if not held["inputs"]:
+            _broken(OCCURRENCES_MATCH, f"request '{request}' holds no inputs but is recorded")
+        holding = Counter(dict.fromkeys(held["occurrences"], 0))
+        holding.update(held["inputs"].values())
+        for item in sorted(holding):
+            claimed = held["occurrences"].get(item, 0)
+            if claimed != holding[item] or not holding[item]:
+                _broken(
+                    OCCURRENCES_MATCH,
+                    f"request '{request}' counts item '{item}' {claimed} times but holds it at {holding[item]} inputs",
+                )
+
+    for item in sorted(entries):
+        for request in sorted(entries[item]["referrers"]):
+            if item not in requests.get(request, {"occurrences": {}})["occurrences"]:
+                _broken(REFERRERS_COUNTED, f"item '{item}' is referenced by request '{request}', which does not count it")
+
+    for request in sorted(requests):
+        for item in sorted(requests[request]["occurrences"]):
+            entry = entries.get(item)
+            if entry is None:
+                _broken(COUNTED_REFERENCED, f"request '{request}' counts item '{item}', which is not cached")
+            if request not in entry["referrers"]:
+                _broken(COUNTED_REFERENCED, f"request '{request}' counts item '{item}' but is not among its referrers")
+
+
+def _broken(rule: str, detail: str) -> None:
+    raise InvariantError(f"{rule}: {detail}")
+
+
+def parse_state(state: Any) -> dict[str, Any]:
+    """A ``snapshot()`` dict (possibly through JSON) checked for shape and types,
+    with pairs turned into dicts and referrers into sets: TypeError or ValueError
+    on a malformed one. The Rust managers accept exactly the same dicts."""
+    state = _fields(state, _CACHE_KEYS, "state")
+    entries = {}
+    for item, entry in _items(state["entries"], "state['entries']"):
+        entry = _fields(entry, ("num_embeds", "referrers"), "an entry")
+        entries[_str(item, "an item")] = {
+            "num_embeds": _count(entry["num_embeds"], "an entry's num_embeds"),
+            "referrers": {_str(r, "an entry's referrers") for r in _list(entry["referrers"], "an entry's referrers")},
+        }
+    freeable = []
+    for pair in _list(state["freeable"], "state['freeable']"):
+        item, size = _two(pair, "a freeable [item, num_embeds] pair")
+        freeable.append((_str(item, "a freeable item"), _count(size, "a freeable size")))
+    requests = {}
+    for request, held in _items(state["requests"], "state['requests']"):
+        held = _fields(held, ("inputs", "occurrences"), "a request")
+        inputs = {}
+        for pair in _list(held["inputs"], "a request's inputs"):
+            input_id, item = _two(pair, "an [input_id, item] pair")
+            inputs[_count(input_id, "an input id")] = _str(item, "a held item")
+        occurrences = {
+            _str(item, "a counted item"): _count(n, "an occurrence count")
+            for item, n in _items(held["occurrences"], "a request's occurrences")
+        }
+        if any(n >= 2**32 for n in occurrences.values()):
+            raise ValueError("an occurrence count must fit in 32 bits")
+        requests[_str(request, "a request id")] = {"inputs": inputs, "occurrences": occurrences}
+    return {
+        "cache_size": _count(state["cache_size"], "state['cache_size']"),
+        "num_free_slots": _count(state["num_free_slots"], "state['num_free_slots']"),
+        "num_freeable_slots": _count(state["num_freeable_slots"], "state['num_freeable_slots']"),
+        "entries": entries,
+        "freeable": freeable,
+        "requests": requests,
+        "freed": [_str(s, "state['freed']") for s in _list(state["freed"], "state['freed']")],
+    }
+
+
+def parse_encoder_decoder_state(state: Any) -> dict[str, Any]:
+    """An ``EncoderDecoderCacheManager.snapshot()`` dict checked for shape and types."""
+    state = _fields(state, _ENCODER_DECODER_KEYS, "state")
+    free = state["num_free_slots"]
+    if isinstance(free, bool) or not isinstance(free, int):
+        raise TypeError("state['num_free_slots'] must be int")
+    if not -(2**127) <= free < 2**127:
+        raise ValueError("state['num_free_slots'] is out of range")
+    return {
+        "cache_size": _count(state["cache_size"], "state['cache_size']"),
+        "num_free_slots": free,
+        "allocated": [_str(s, "state['allocated']") for s in _list(state["allocated"], "state['allocated']")],
+        "to_free": [_str(s, "state['to_free']") for s in _list(state["to_free"], "state['to_free']")],
+    }
+
+
+def _fields(obj: Any, keys: tuple[str, ...], what: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise TypeError(f"{what} must be a dict")
+    for key in keys:
+        if key not in obj:
+            raise ValueError(f"{what} has no {key!r} key")
+    if len(obj) != len(keys):
+        raise ValueError(f"{what} must have exactly the keys {list(keys)}")
+    return obj
+
+
+def _items(obj: Any, what: str) -> list[tuple[Any, Any]]:
+    if not isinstance(obj, dict):
+        raise TypeError(f"{what} must be a dict")
+    return list(obj.items())
+
+
+def _list(obj: Any, what: str) -> list[Any]:
+    if not isinstance(obj, (list, tuple)):
+        raise TypeError(f"{what} must be a list")
+    return list(obj)
+
+
+def _two(obj: Any, what: str) -> tuple[Any, Any]:
+    pair = _list(obj, what)
+    if len(pair) != 2:
+        raise ValueError(f"{what} must have two elements")
+    return pair[0], pair[1]
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be str, not {type(value).__name__}")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, got {value}")
+    if value >= 2**63:
+        raise ValueError(f"{what} must be < 2**63, got {value}")
+    return value

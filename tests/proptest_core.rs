@@ -1,0 +1,106 @@
+//! Random operation sequences on the pure-Rust core, with every invariant
+//! checked after every operation.
+//!
+//! `cargo test` runs a modest number of sequences; a long campaign:
+//! `PROPTEST_CASES=200000 cargo test --release --test proptest_core`.
+
+mod common;
+
+use common::ops::{apply, Op, INPUTS, ITEMS, REQUESTS};
+use encoder_cache::{EncoderCache, EncoderDecoderCache};
+use proptest::prelude::*;
+
+fn op() -> impl Strategy<Value = Op> {
+    let request = 0..REQUESTS;
+    let input = 0..INPUTS;
+    let item = 0..ITEMS;
+    prop_oneof![
+        6 => (request.clone(), input.clone(), item.clone())
+            .prop_map(|(request, input, item)| Op::CheckAndUpdate { request, input, item }),
+        6 => (item.clone(), -4i64..40, -4i64..30)
+            .prop_map(|(item, budget, scheduled)| Op::CanAllocate { item, budget, scheduled }),
+        8 => (request.clone(), input.clone(), item, proptest::option::weighted(0.1, 0u64..20))
+            .prop_map(|(request, input, item, size)| Op::Allocate { request, input, item, size }),
+        4 => (request.clone(), input).prop_map(|(request, input)| Op::FreeInput { request, input }),
+        2 => request.prop_map(|request| Op::Free { request }),
+        2 => Just(Op::TakeFreed),
+        1 => Just(Op::Reset),
+        1 => Just(Op::Restore),
+    ]
+}
+
+fn run(cache: &mut EncoderCache, ops: &[Op]) -> Result<(), TestCaseError> {
+    ops.iter().try_for_each(|op| apply(cache, op).map_err(TestCaseError::fail))
+}
+
+proptest! {
+    #[test]
+    fn invariants_hold_after_every_operation(cache_size in 0u64..48, ops in prop::collection::vec(op(), 1..200)) {
+        run(&mut EncoderCache::new(cache_size), &ops)?;
+    }
+
+    /// A restored cache behaves exactly like the original from then on.
+    #[test]
+    fn restored_cache_behaves_like_the_original(
+        cache_size in 0u64..48,
+        prefix in prop::collection::vec(op(), 0..100),
+        suffix in prop::collection::vec(op(), 1..100),
+    ) {
+        let mut cache = EncoderCache::new(cache_size);
+        run(&mut cache, &prefix)?;
+        let mut restored = EncoderCache::restore(&cache.snapshot()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for op in &suffix {
+            run(&mut cache, std::slice::from_ref(op))?;
+            run(&mut restored, std::slice::from_ref(op))?;
+            prop_assert_eq!(cache.snapshot(), restored.snapshot());
+        }
+    }
+
+    /// Any single-field corruption of a valid state is refused by `restore`.
+    #[test]
+    fn restore_refuses_corrupted_states(
+        cache_size in 1u64..48,
+        ops in prop::collection::vec(op(), 1..100),
+        corruption in 0u8..5,
+    ) {
+        let mut cache = EncoderCache::new(cache_size);
+        run(&mut cache, &ops)?;
+        let mut state = cache.snapshot();
+        match corruption {
+            0 => state.num_free_slots += 1,
+            1 => state.num_freeable_slots += 1,
+            2 => state.cache_size += 1,
+            3 => {
+                // A referrer that does not hold the item.
+                let Some(entry) = state.entries.values_mut().next() else { return Ok(()) };
+                entry.referrers.insert("ghost".to_owned());
+            }
+            _ => {
+                let Some(held) = state.requests.values_mut().next() else { return Ok(()) };
+                *held.occurrences.values_mut().next().expect("a recorded request counts an item") += 1;
+            }
+        }
+        prop_assert!(EncoderCache::restore(&state).is_err());
+    }
+
+    /// The encoder-decoder manager's signed slot count never wraps, whatever
+    /// the sizes (vLLM's Python ints are unbounded).
+    #[test]
+    fn encoder_decoder_slot_count_is_exact(
+        cache_size in prop_oneof![0u64..48, Just(u64::MAX)],
+        ops in prop::collection::vec((any::<bool>(), prop_oneof![0u64..20, Just(u64::MAX)]), 1..50),
+    ) {
+        let mut cache = EncoderDecoderCache::new(cache_size);
+        let mut expected = i128::from(cache_size);
+        for (allocate, size) in ops {
+            if allocate {
+                cache.allocate("item".into(), size);
+                expected -= i128::from(size);
+            } else {
+                cache.free_encoder_input(size);
+                expected += i128::from(size);
+            }
+            prop_assert_eq!(cache.num_free_slots(), expected);
+        }
+    }
+}
