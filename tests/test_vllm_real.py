@@ -105,6 +105,17 @@ def test_encoder_decoder_same_scheduler_output_every_step(whisper, async_schedul
     assert len({spec.encoder_input for spec in specs}) < len(specs), "repeated clips expected"
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_same_scheduler_output_with_an_ec_connector(model, tmp_path, async_scheduling):
+    """vLLM's example EC connector finds some images remotely: those are loaded, not encoded."""
+    harness.store_for_ec_connector(tmp_path, ["img0", "img2", "img5"])
+    setup = harness.Setup(ec_storage=str(tmp_path), async_scheduling=async_scheduling)
+    steps = _run_all(model, setup, harness.conversations(seed=1, num_conversations=12, num_turns=4))["stock"]
+    loaded = {mm_hash for step in steps for mm_hash, _ in step["ec_loads"]}
+    assert loaded and loaded <= {"img0", "img2", "img5"}
+    assert any(step["encoder_inputs"] for step in steps), "local encodes expected too"
+
+
 def test_embed_count_mismatch_rejects_the_same_request(model):
     """A reused multimodal UUID with another size: vLLM rejects the request; so do we."""
     first = harness.RequestSpec("a", 0, (1, 2, harness.Image("uuid", 64), 3), 4)

@@ -30,7 +30,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, DeviceConfig, ECTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.config.ec_manager_config import EncoderCacheManagerConfig
 from vllm.multimodal.inputs import MultiModalFeatureSpec, MultiModalKwargsItem, PlaceholderRange
 from vllm.sampling_params import SamplingParams
@@ -142,6 +142,9 @@ class Setup:
     num_blocks: int = 2000
     disable_chunked_mm_input: bool = False
     async_scheduling: bool = False
+    # A directory for vLLM's example EC connector, as a consumer: items stored
+    # there are loaded from it instead of encoded.
+    ec_storage: str | None = None
 
 
 def build_scheduler(
@@ -170,11 +173,19 @@ def build_scheduler(
     scheduler_config.encoder_cache_size = setup.encoder_cache_size
     scheduler_config.max_num_encoder_input_tokens = setup.encoder_compute_budget
     cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    ec_transfer_config = None
+    if setup.ec_storage is not None:
+        ec_transfer_config = ECTransferConfig(
+            ec_connector="ECExampleConnector",
+            ec_role="ec_consumer",
+            ec_connector_extra_config={"shared_storage_path": setup.ec_storage},
+        )
     vllm_config = VllmConfig(
         model_config=model,
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
+        ec_transfer_config=ec_transfer_config,
         ec_manager_config=EncoderCacheManagerConfig(
             encoder_cache_manager_cls=manager_cls, manager_config=manager_config or {}
         ),
@@ -195,6 +206,13 @@ def build_scheduler(
         block_size=BLOCK_SIZE,
         mm_registry=_ImageRegistry(setup.max_image_tokens),
     )
+
+
+def store_for_ec_connector(directory: Path, identifiers: Sequence[str]) -> None:
+    """Make vLLM's example EC connector find these items in ``directory``."""
+    for identifier in identifiers:
+        (directory / identifier).mkdir(parents=True, exist_ok=True)
+        (directory / identifier / "encoder_cache.safetensors").touch()
 
 
 # --- workload ----------------------------------------------------------------
@@ -358,6 +376,7 @@ def _record(scheduler_output: Any, engine_outputs: dict[int, Any], manager: Any)
         "finished": sorted(scheduler_output.finished_req_ids),
         "preempted": sorted(scheduler_output.preempted_req_ids or ()),
         "outputs": outputs,
+        "ec_loads": [(m.mm_hash, m.num_token) for m in getattr(scheduler_output.ec_connector_metadata, "mm_datas", ())],
         "free_slots": manager.num_free_slots,
         "freeable_slots": getattr(manager, "num_freeable_slots", None),  # none for encoder-decoder
     }
