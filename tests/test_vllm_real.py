@@ -159,28 +159,45 @@ def test_vllm_passes_manager_config_to_our_hook(model):
 
 
 MANAGER_FLAG = '{"encoder_cache_manager_cls": "encoder_cache.vllm.EncoderCacheManager"}'
+SERVE_FLAGS = {
+    "manager": ["--ec-manager-config", MANAGER_FLAG],
+    "async scheduler": ["--scheduler-cls", "encoder_cache.vllm.AsyncScheduler"],
+    "sync scheduler": ["--no-async-scheduling", "--scheduler-cls", "encoder_cache.vllm.Scheduler"],
+}
 
 
-def test_vllm_serve_flags_from_the_readme_resolve_to_our_classes(monkeypatch):
+@pytest.mark.parametrize("flags", list(SERVE_FLAGS))
+def test_vllm_serve_flags_from_the_readme_resolve_to_our_classes(model, monkeypatch, flags):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # The parser builds default configs, which need a device; this machine has no GPU.
     monkeypatch.setattr(current_platform, "device_type", current_platform.device_type or "cpu")
     parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
-    argv = ["--ec-manager-config", MANAGER_FLAG, "--scheduler-cls", "encoder_cache.vllm.AsyncScheduler"]
-    engine_args = AsyncEngineArgs.from_cli_args(parser.parse_args(argv))
-    assert engine_args.ec_manager_config.get_encoder_cache_manager_obj() is hook.EncoderCacheManager
-    assert resolve_obj_by_qualname(engine_args.scheduler_cls) is hook.AsyncScheduler
+    engine_args = AsyncEngineArgs.from_cli_args(parser.parse_args(["--model", model.model, *SERVE_FLAGS[flags]]))
+    manager_cls = engine_args.ec_manager_config.get_encoder_cache_manager_obj()
+    scheduler_cls = engine_args.scheduler_cls and resolve_obj_by_qualname(engine_args.scheduler_cls)
+    # async_scheduling None: vLLM turns it on where the executor supports it.
+    expected = {
+        "manager": (hook.EncoderCacheManager, None, None),
+        "async scheduler": (None, hook.AsyncScheduler, None),
+        "sync scheduler": (None, hook.Scheduler, False),
+    }[flags]
+    assert (manager_cls, scheduler_cls, engine_args.async_scheduling) == expected
 
 
-def test_llm_keyword_arguments_from_the_readme_resolve_to_our_classes():
+def test_llm_keyword_arguments_from_the_readme_resolve_to_our_classes(model, monkeypatch):
     import json
 
     from vllm.engine.arg_utils import EngineArgs
 
-    # LLM(**kwargs) hands its keyword arguments to EngineArgs.
-    engine_args = EngineArgs(ec_manager_config=json.loads(MANAGER_FLAG), scheduler_cls="encoder_cache.vllm.Scheduler")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # LLM(model=..., **kwargs) hands its keyword arguments to EngineArgs.
+    engine_args = EngineArgs(
+        model=model.model, ec_manager_config=json.loads(MANAGER_FLAG), scheduler_cls="encoder_cache.vllm.AsyncScheduler"
+    )
     assert engine_args.ec_manager_config.get_encoder_cache_manager_obj() is hook.EncoderCacheManager
+    assert engine_args.scheduler_cls == "encoder_cache.vllm.AsyncScheduler"
