@@ -47,8 +47,11 @@ def _first_difference(expected: list[dict], got: list[dict]) -> str:
     return f"step count: stock {len(expected)}, ours {len(got)}"
 
 
-def _run_all(model, setup, specs) -> dict[str, list[dict]]:
-    runs = {variant: harness.run(harness.build_scheduler(variant, model, setup), specs).steps for variant in VARIANTS}
+def _run_all(model, setup, specs, in_flight=1) -> dict[str, list[dict]]:
+    runs = {
+        variant: harness.run(harness.build_scheduler(variant, model, setup), specs, in_flight=in_flight).steps
+        for variant in VARIANTS
+    }
     for variant in VARIANTS[1:]:
         assert runs[variant] == runs["stock"], f"{variant}: {_first_difference(runs['stock'], runs[variant])}"
     return runs
@@ -71,13 +74,20 @@ SCENARIOS = {
 }
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+# How the engine drives the scheduler: (async scheduling, steps in flight).
+# With two in flight, as vLLM's engine runs async scheduling, a step is
+# scheduled before the previous one's output is back.
+DRIVES = {"sync": (False, 1), "async": (True, 1), "async-overlapped": (True, 2)}
+
+
+@pytest.mark.parametrize("drive", list(DRIVES))
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_same_scheduler_output_every_step(model, scenario, async_scheduling):
+def test_same_scheduler_output_every_step(model, scenario, drive):
     setup, workload = SCENARIOS[scenario]
+    async_scheduling, in_flight = DRIVES[drive]
     setup = harness.Setup(**{**setup.__dict__, "async_scheduling": async_scheduling})
     specs = harness.conversations(**workload)
-    steps = _run_all(model, setup, specs)["stock"]
+    steps = _run_all(model, setup, specs, in_flight)["stock"]
     # The workload did exercise what it is meant to.
     occurrences = sum(1 for spec in specs for part in spec.prompt if isinstance(part, harness.Image))
     encoded = sum(len(ids) for step in steps for ids in step["encoder_inputs"].values())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,7 +252,7 @@ def conversations(
     Each turn resends the whole conversation (earlier images included) plus the
     previous answer, new text and sometimes new images (``images_per_turn``,
     as for a photo set or video frames) or a second mention of an image already
-    in the prompt. Images are drawn with a skew, so popular
+    in the prompt; a third of the prompts end with an image. Images are drawn with a skew, so popular
     ones are shared between chats.
     """
     rng = random.Random(seed)
@@ -268,12 +269,13 @@ def conversations(
         for t in range(num_turns):
             prompt += [rng.randrange(1, 1000) for _ in range(rng.randrange(4, 24))]
             if t == 0 or rng.random() < 0.6:
-                for _ in range(rng.randint(*images_per_turn)):
-                    prompt += [rng.choices(pool, weights)[0], rng.randrange(1, 1000)]
+                for k in range(rng.randint(*images_per_turn)):
+                    prompt += [rng.randrange(1, 1000)] * (k > 0) + [rng.choices(pool, weights)[0]]
             mentioned = [x for x in prompt if isinstance(x, Image)]
             if mentioned and rng.random() < 0.3:
-                prompt.append(rng.choice(mentioned))
-            prompt += [rng.randrange(1, 1000) for _ in range(rng.randrange(2, 8))]
+                prompt += [rng.randrange(1, 1000), rng.choice(mentioned)]
+            # Some prompts end right after an image.
+            prompt += [rng.randrange(1, 1000) for _ in range(rng.choice((0, 2, 5)))]
             answer = rng.randrange(*max_tokens)
             specs.append(RequestSpec(f"c{c}t{t}", start + t * arrival_gap, tuple(prompt), answer))
             prompt += [SAMPLED_TOKEN] * answer
@@ -382,26 +384,36 @@ def _record(scheduler_output: Any, engine_outputs: dict[int, Any], manager: Any)
     }
 
 
-def run(scheduler: Any, specs: Sequence[RequestSpec], record: bool = True, max_steps: int = 10_000) -> Run:
-    """Feed ``specs`` at their arrival steps until every request has finished."""
+def run(
+    scheduler: Any, specs: Sequence[RequestSpec], record: bool = True, max_steps: int = 10_000, in_flight: int = 1
+) -> Run:
+    """Feed ``specs`` at their arrival steps until every request has finished.
+
+    ``in_flight=2`` runs as vLLM's engine does with async scheduling: the next
+    step is scheduled before the previous step's output comes back (only for
+    ``AsyncScheduler``). A step's record is taken when its output is processed.
+    """
     requests = [make_request(spec) for spec in specs]
     result = Run()
     arrivals = [spec.arrival_step for spec in specs]
     next_arrival = 0
+    batches: deque[tuple[Any, ModelRunnerOutput, int]] = deque()
     for step in range(max_steps):
         while next_arrival < len(requests) and arrivals[next_arrival] <= step:
             scheduler.add_request(requests[next_arrival])
             next_arrival += 1
-        if next_arrival == len(requests) and not scheduler.has_unfinished_requests():
+        if next_arrival == len(requests) and not scheduler.has_unfinished_requests() and not batches:
             return result
         begin = time.perf_counter_ns()
         scheduler_output = scheduler.schedule()
-        middle = time.perf_counter_ns()
-        model_output = fake_model_output(scheduler, scheduler_output)
-        resumed = time.perf_counter_ns()
-        engine_outputs = scheduler.update_from_output(scheduler_output, model_output)
-        end = time.perf_counter_ns()
-        result.step_ns.append((middle - begin) + (end - resumed))
-        if record:
-            result.steps.append(_record(scheduler_output, engine_outputs, scheduler.encoder_cache_manager))
+        scheduled_ns = time.perf_counter_ns() - begin
+        batches.append((scheduler_output, fake_model_output(scheduler, scheduler_output), scheduled_ns))
+        # An empty step means everything waits on outputs: take the oldest back.
+        while len(batches) >= in_flight or (batches and not scheduler_output.total_num_scheduled_tokens):
+            done, model_output, scheduled_ns = batches.popleft()
+            begin = time.perf_counter_ns()
+            engine_outputs = scheduler.update_from_output(done, model_output)
+            result.step_ns.append(scheduled_ns + time.perf_counter_ns() - begin)
+            if record:
+                result.steps.append(_record(done, engine_outputs, scheduler.encoder_cache_manager))
     raise AssertionError(f"requests still unfinished after {max_steps} steps")
