@@ -54,8 +54,7 @@ ROUNDS = 5
 
 @pytest.fixture(scope="module")
 def model():
-    with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as directory:
-        patch.setenv("HF_HUB_OFFLINE", "1")
+    with tempfile.TemporaryDirectory() as directory:
         yield harness.model_config(Path(directory))
 
 

@@ -27,16 +27,12 @@ VARIANTS = list(harness.VARIANTS)
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")  # a local directory; never ask the hub
-        return harness.model_config(tmp_path_factory.mktemp("tiny-llava"))
+    return harness.model_config(tmp_path_factory.mktemp("tiny-llava"))
 
 
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        return harness.model_config(tmp_path_factory.mktemp("tiny-whisper"), encoder_decoder=True)
+    return harness.model_config(tmp_path_factory.mktemp("tiny-whisper"), encoder_decoder=True)
 
 
 def _first_difference(expected: list[dict], got: list[dict]) -> str:
@@ -183,7 +179,6 @@ def test_vllm_serve_flags_from_the_readme_resolve_to_our_classes(model, monkeypa
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # The parser builds default configs, which need a device; this machine has no GPU.
     monkeypatch.setattr(current_platform, "device_type", current_platform.device_type or "cpu")
     parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
@@ -199,12 +194,11 @@ def test_vllm_serve_flags_from_the_readme_resolve_to_our_classes(model, monkeypa
     assert (manager_cls, scheduler_cls, engine_args.async_scheduling) == expected
 
 
-def test_llm_keyword_arguments_from_the_readme_resolve_to_our_classes(model, monkeypatch):
+def test_llm_keyword_arguments_from_the_readme_resolve_to_our_classes(model):
     import json
 
     from vllm.engine.arg_utils import EngineArgs
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # LLM(model=..., **kwargs) hands its keyword arguments to EngineArgs.
     engine_args = EngineArgs(
         model=model.model, ec_manager_config=json.loads(MANAGER_FLAG), scheduler_cls="encoder_cache.vllm.AsyncScheduler"
