@@ -94,15 +94,15 @@ def test_same_scheduler_output_every_step(model, scenario, drive):
         assert _total(steps, "preempted") > 0
 
 
+# Clips of up to 1,500 embeddings (Whisper's 30 s); room for two at a time.
+WHISPER_SETUP = harness.Setup(
+    max_image_tokens=1500, encoder_cache_size=3000, encoder_compute_budget=3000, max_num_batched_tokens=2048
+)
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_encoder_decoder_same_scheduler_output_every_step(whisper, async_scheduling):
-    setup = harness.Setup(
-        max_image_tokens=1500,
-        encoder_cache_size=3000,
-        encoder_compute_budget=3000,
-        max_num_batched_tokens=2048,
-        async_scheduling=async_scheduling,
-    )
+    setup = harness.Setup(**{**WHISPER_SETUP.__dict__, "async_scheduling": async_scheduling})
     specs = harness.transcriptions(seed=3, num_requests=24)
     steps = _run_all(whisper, setup, specs)["stock"]
     # No cache for encoder-decoder models: every request's clip is encoded, once.
@@ -155,7 +155,7 @@ def test_vllm_builds_our_classes_from_its_config(model, async_scheduling):
 
 @pytest.mark.parametrize("variant", ["manager", "scheduler"])
 def test_vllm_builds_the_encoder_decoder_variant_for_an_encoder_decoder_model(whisper, variant):
-    scheduler = harness.build_scheduler(variant, whisper, harness.Setup(max_image_tokens=1500))
+    scheduler = harness.build_scheduler(variant, whisper, WHISPER_SETUP)
     assert type(scheduler.encoder_cache_manager) is encoder_cache.EncoderDecoderCacheManager
 
 

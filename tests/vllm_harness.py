@@ -168,7 +168,9 @@ def build_scheduler(
         disable_chunked_mm_input=setup.disable_chunked_mm_input,
         async_scheduling=setup.async_scheduling,
         scheduler_cls=scheduler_cls[setup.async_scheduling],
-        is_encoder_decoder=False,
+        # As vLLM's EngineArgs fills them in (encoder-decoder turns chunked prefill off).
+        is_multimodal_model=model.is_multimodal_model,
+        is_encoder_decoder=model.is_encoder_decoder,
     )
     # Fields vLLM derives from the token budget; set small so the cache must evict.
     scheduler_config.encoder_cache_size = setup.encoder_cache_size
