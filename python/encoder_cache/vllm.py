@@ -86,13 +86,11 @@ class EncoderCacheManager(_core.EncoderCacheManager):
 class _StepLevelEncoderInputs:
     """The encoder-input loops of vLLM 0.33's scheduler, done in Rust.
 
-    Name a class built on it in ``scheduler_config.scheduler_cls``.
-    ``_try_schedule_encoder_inputs``,
-    ``_allocate_encoder_inputs`` and ``_free_encoder_inputs`` each become one
-    call to the manager's step-level API; the EC connector calls, vLLM's
-    mismatch warning and its rejected-request bookkeeping are kept. With no
-    ``encoder_cache_manager_cls`` configured, this scheduler installs
-    ``encoder_cache.vllm.EncoderCacheManager``.
+    ``_try_schedule_encoder_inputs``, ``_allocate_encoder_inputs`` and
+    ``_free_encoder_inputs`` each become one call to the manager's step-level
+    API; the EC connector calls, vLLM's mismatch warning and its
+    rejected-request bookkeeping are kept. With no ``encoder_cache_manager_cls``
+    configured, the scheduler installs ``encoder_cache.vllm.EncoderCacheManager``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
