@@ -24,5 +24,9 @@ test: build
 simulate: build
 	$(PY) -m encoder_cache simulate
 
+# Benches are plain tests elsewhere (pyproject sets --benchmark-disable); here they are timed.
 bench: build
-	$(PY) -m pytest benches --benchmark-only --benchmark-columns=mean,median,rounds --benchmark-sort=name
+	mkdir -p .benchmarks
+	$(PY) -m pytest benches -q --benchmark-enable --benchmark-only --benchmark-group-by=group \
+		--benchmark-columns=min,median,mean,rounds --benchmark-sort=name --benchmark-json=.benchmarks/latest.json
+	$(PY) benches/report.py .benchmarks/latest.json

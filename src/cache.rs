@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use hashbrown::hash_map::EntryRef;
 use hashbrown::{HashMap, HashSet};
 use hashlink::LinkedHashMap;
 
@@ -66,7 +67,93 @@ impl std::error::Error for CacheError {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub num_embeds: u64,
-    pub referrers: HashSet<Key>,
+    pub referrers: Referrers,
+}
+
+/// The requests referencing an entry. Most entries have at most one, kept
+/// inline, so an entry costs no allocation of its own; an item shared by
+/// several requests (one image in many chats) moves to a set. Always in the
+/// smallest variant that fits, so equal sets compare equal.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Referrers {
+    #[default]
+    None,
+    One(Key),
+    Many(HashSet<Key>),
+}
+
+impl Referrers {
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Self::None)
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Self::None => 0,
+            Self::One(_) => 1,
+            Self::Many(set) => set.len(),
+        }
+    }
+
+    pub fn contains(&self, request_id: &str) -> bool {
+        match self {
+            Self::None => false,
+            Self::One(key) => **key == *request_id,
+            Self::Many(set) => set.contains(request_id),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Key> {
+        let (one, many) = match self {
+            Self::None => (None, None),
+            Self::One(key) => (Some(key), None),
+            Self::Many(set) => (None, Some(set.iter())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+
+    /// Add `request`; false if it was already there.
+    pub fn insert(&mut self, request: Key) -> bool {
+        match self {
+            Self::None => *self = Self::One(request),
+            Self::One(key) if *key == request => return false,
+            Self::One(key) => *self = Self::Many(HashSet::from_iter([key.clone(), request])),
+            Self::Many(set) => return set.insert(request),
+        }
+        true
+    }
+
+    /// Remove `request_id`; false if it was not there.
+    pub fn remove(&mut self, request_id: &str) -> bool {
+        match self {
+            Self::None => false,
+            Self::One(key) => {
+                let found = **key == *request_id;
+                if found {
+                    *self = Self::None;
+                }
+                found
+            }
+            Self::Many(set) => {
+                let found = set.remove(request_id);
+                let last = if set.len() == 1 { set.drain().next() } else { None };
+                if let Some(key) = last {
+                    *self = Self::One(key);
+                }
+                found
+            }
+        }
+    }
+}
+
+impl FromIterator<Key> for Referrers {
+    fn from_iter<I: IntoIterator<Item = Key>>(keys: I) -> Self {
+        let mut referrers = Self::None;
+        for key in keys {
+            referrers.insert(key);
+        }
+        referrers
+    }
 }
 
 /// What one request holds: each cached input position with its item, and how
@@ -159,15 +246,14 @@ impl EncoderCache {
         let Some((key, entry)) = self.entries.get_key_value_mut(identifier) else {
             return Ok(false);
         };
-        let key = key.clone();
         if entry.referrers.is_empty() {
             if let Some(n) = self.freeable.remove(identifier) {
                 self.num_freeable_slots -= n;
             }
         }
-        let request_key = Self::intern_request(&mut self.requests, request_id);
-        entry.referrers.insert(request_key.clone());
-        Self::add_occurrence(&mut self.requests, &request_key, input_id, key);
+        let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
+        entry.referrers.insert(request_key);
+        Self::add_occurrence(refs, input_id, key.clone());
         Ok(true)
     }
 
@@ -243,11 +329,9 @@ impl EncoderCache {
         self.check_allocate(identifier, num_embeds)?;
         self.check_input(request_id, input_id, identifier)?;
         let key: Key = Arc::from(identifier);
-        let request_key = Self::intern_request(&mut self.requests, request_id);
-        let mut referrers = HashSet::with_capacity(1);
-        referrers.insert(request_key.clone());
-        self.entries.insert(key.clone(), Entry { num_embeds, referrers });
-        Self::add_occurrence(&mut self.requests, &request_key, input_id, key);
+        let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
+        Self::add_occurrence(refs, input_id, key.clone());
+        self.entries.insert(key, Entry { num_embeds, referrers: Referrers::One(request_key) });
         self.num_free_slots -= num_embeds;
         self.num_freeable_slots -= num_embeds;
         Ok(())
@@ -263,15 +347,16 @@ impl EncoderCache {
         self.requests.get(request_id).is_some_and(|r| r.inputs.contains_key(&input_id))
     }
 
-    /// Drop the request's hold on one input position. The request's reference
-    /// to the item goes only with its last occurrence; an entry left with no
-    /// referrer becomes evictable, but stays until space is needed.
-    pub fn free_encoder_input(&mut self, request_id: &str, input_id: usize) {
+    /// Drop the request's hold on one input position; false if it held none
+    /// there. The request's reference to the item goes only with its last
+    /// occurrence; an entry left with no referrer becomes evictable, but stays
+    /// until space is needed.
+    pub fn free_encoder_input(&mut self, request_id: &str, input_id: usize) -> bool {
         let Some(refs) = self.requests.get_mut(request_id) else {
-            return;
+            return false;
         };
         let Some(identifier) = refs.inputs.remove(&input_id) else {
-            return;
+            return false;
         };
         let last_occurrence = Self::drop_occurrence(&mut refs.occurrences, &identifier);
         if refs.inputs.is_empty() {
@@ -280,6 +365,7 @@ impl EncoderCache {
         if last_occurrence {
             self.release(request_id, &identifier);
         }
+        true
     }
 
     /// Drop every hold `request_id` has (a finished, aborted or preempted
@@ -320,33 +406,33 @@ impl EncoderCache {
 
     /// Count one occurrence of `identifier` off; true when it was the last.
     fn drop_occurrence(occurrences: &mut HashMap<Key, u32>, identifier: &Key) -> bool {
-        let count = occurrences.get_mut(identifier).expect("every cached input is counted");
-        *count -= 1;
-        if *count == 0 {
-            occurrences.remove(identifier);
-            return true;
-        }
-        false
-    }
-
-    fn intern_request(requests: &mut HashMap<Key, RequestRefs>, request_id: &str) -> Key {
-        match requests.get_key_value(request_id) {
-            Some((k, _)) => k.clone(),
-            None => {
-                let k: Key = Arc::from(request_id);
-                requests.insert(k.clone(), RequestRefs::default());
-                k
+        match occurrences.entry_ref(&**identifier) {
+            EntryRef::Occupied(mut count) if *count.get() > 1 => {
+                *count.get_mut() -= 1;
+                false
             }
+            EntryRef::Occupied(count) => {
+                count.remove();
+                true
+            }
+            EntryRef::Vacant(_) => unreachable!("every cached input is counted"),
         }
     }
 
-    fn add_occurrence(requests: &mut HashMap<Key, RequestRefs>, request_key: &Key, input_id: usize, identifier: Key) {
-        let refs = requests.get_mut(request_key).expect("interned above");
-        if refs.inputs.contains_key(&input_id) {
-            return;
+    /// The request's holdings and its shared id, created on first use.
+    fn request_refs<'a>(requests: &'a mut HashMap<Key, RequestRefs>, request_id: &str) -> (Key, &'a mut RequestRefs) {
+        let entry = match requests.entry_ref(request_id) {
+            EntryRef::Occupied(entry) => entry,
+            EntryRef::Vacant(entry) => entry.insert_entry(RequestRefs::default()),
+        };
+        (entry.key().clone(), entry.into_mut())
+    }
+
+    fn add_occurrence(refs: &mut RequestRefs, input_id: usize, identifier: Key) {
+        if let hashbrown::hash_map::Entry::Vacant(slot) = refs.inputs.entry(input_id) {
+            *refs.occurrences.entry(identifier.clone()).or_insert(0) += 1;
+            slot.insert(identifier);
         }
-        *refs.occurrences.entry(identifier.clone()).or_insert(0) += 1;
-        refs.inputs.insert(input_id, identifier);
     }
 }
 
@@ -441,5 +527,22 @@ mod tests {
         assert!(cache.can_allocate(10, 10, 0));
         cache.reset();
         assert_eq!(format!("{cache:?}"), format!("{:?}", EncoderCache::new(10)));
+    }
+
+    #[test]
+    fn referrers_stay_in_their_smallest_form() {
+        let key = |s: &str| -> Key { Arc::from(s) };
+        let mut referrers = Referrers::default();
+        assert!(referrers.insert(key("a")));
+        assert!(!referrers.insert(key("a")));
+        assert!(referrers.insert(key("b")));
+        assert!(referrers.insert(key("c")));
+        assert_eq!((referrers.len(), referrers.contains("b"), referrers.contains("z")), (3, true, false));
+        assert!(referrers.remove("a") && referrers.remove("c"));
+        assert_eq!(referrers, Referrers::One(key("b")), "back inline with one left");
+        assert!(!referrers.remove("a"));
+        assert!(referrers.remove("b") && referrers.is_empty());
+        let collected: Referrers = ["x", "y", "x"].map(key).into_iter().collect();
+        assert_eq!(collected.iter().count(), 2);
     }
 }

@@ -94,13 +94,11 @@ impl PyEncoderCacheManager {
     fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let input_id = input_index(input_id)?;
         let req = request_id(request)?;
-        let req = req.to_str()?;
-        if !slf.try_borrow()?.cache.holds_input(req, input_id) {
+        let freed = slf.try_borrow_mut()?.cache.free_encoder_input(req.to_str()?, input_id);
+        if !freed {
             // Nothing to release, but an input the request does not have is still an error.
             identifier(request, input_id)?;
-            return Ok(());
         }
-        slf.try_borrow_mut()?.cache.free_encoder_input(req, input_id);
         Ok(())
     }
 

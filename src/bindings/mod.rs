@@ -2,6 +2,7 @@
 //! to the pure-Rust core; no bookkeeping decisions are made in this module.
 
 mod encoder_decoder;
+mod floor;
 mod manager;
 mod request;
 mod state;
@@ -24,6 +25,7 @@ fn _panic_for_test() {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyEncoderCacheManager>()?;
     m.add_class::<encoder_decoder::PyEncoderDecoderCacheManager>()?;
+    m.add_class::<floor::CallFloor>()?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     Ok(())
 }

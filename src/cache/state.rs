@@ -9,10 +9,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use hashbrown::{HashMap, HashSet};
+use hashbrown::HashMap;
 use hashlink::LinkedHashMap;
 
-use super::{EncoderCache, Entry, Key, RequestRefs};
+use super::{EncoderCache, Entry, Key, Referrers, RequestRefs};
 
 /// A cached item as plain data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,7 +212,7 @@ impl EncoderCache {
             .entries
             .iter()
             .map(|(item, e)| {
-                let referrers: HashSet<Key> = e.referrers.iter().map(|r| key(r)).collect();
+                let referrers: Referrers = e.referrers.iter().map(|r| key(r)).collect();
                 (key(item), Entry { num_embeds: e.num_embeds, referrers })
             })
             .collect();

@@ -1,0 +1,87 @@
+//! `_CallFloor`: a benchmark aid, not part of the API. Its methods have the
+//! manager's names and argument lists and change nothing, so timing them
+//! shows what a manager call costs before the manager does any work:
+//!
+//! - `_CallFloor()`: the methods do nothing; the cost of crossing from Python
+//!   into a PyO3 method at all;
+//! - `_CallFloor(reads=True)`: each method also reads from the request what
+//!   the manager's method reads (`request_id`, `mm_features[i].identifier`,
+//!   `get_num_encoder_embeds(i)`), the Python-side work that vLLM's per-call
+//!   API obliges any implementation to do.
+//!
+//! Driven through a whole request's calls, they bound what any per-call
+//! manager can gain over the pure-Python one.
+
+use pyo3::prelude::*;
+
+use super::request::{identifier, input_index, num_embeds, request_id};
+
+#[pyclass(module = "encoder_cache._core", name = "_CallFloor", frozen)]
+pub struct CallFloor {
+    reads: bool,
+}
+
+#[pymethods]
+impl CallFloor {
+    #[new]
+    #[pyo3(signature = (*, reads=false))]
+    fn new(reads: bool) -> Self {
+        Self { reads }
+    }
+
+    fn check_and_update_cache(&self, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<bool> {
+        if self.reads {
+            identifier(request, input_index(input_id)?)?;
+            request_id(request)?;
+        }
+        Ok(false)
+    }
+
+    fn can_allocate(
+        &self,
+        request: &Bound<'_, PyAny>,
+        input_id: i64,
+        encoder_compute_budget: i64,
+        num_embeds_to_schedule: i64,
+    ) -> PyResult<bool> {
+        let _ = (encoder_compute_budget, num_embeds_to_schedule);
+        if self.reads {
+            num_embeds(request, input_index(input_id)?)?;
+        }
+        Ok(false)
+    }
+
+    fn get_cached_num_encoder_embeds(&self, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
+        if self.reads {
+            identifier(request, input_index(input_id)?)?;
+        }
+        Ok(None)
+    }
+
+    fn get_cached_input_ids(&self, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.free(request)
+    }
+
+    fn allocate(&self, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
+        if self.reads {
+            let input_id = input_index(input_id)?;
+            identifier(request, input_id)?;
+            request_id(request)?;
+            num_embeds(request, input_id)?;
+        }
+        Ok(())
+    }
+
+    fn free_encoder_input(&self, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
+        input_index(input_id)?;
+        self.free(request)
+    }
+
+    /// Reads `request_id` only, like `free`, `free_encoder_input` and `get_cached_input_ids`.
+    fn free(&self, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        if self.reads {
+            request_id(request)?;
+        }
+        Ok(())
+    }
+}
