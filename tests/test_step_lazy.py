@@ -98,7 +98,7 @@ def test_allocation_reads_the_items_it_is_given() -> None:
     manager = encoder_cache.EncoderCacheManager(100)
     features = [Feature("a", 0, 4), Feature("a", 10, 4), Feature("c", 20, 4, poisoned=True)]
     req = Request("r", features)
-    manager.allocate_encoder_inputs(req, [0], [1])  # a, and its repeat
+    manager.allocate_encoder_inputs(req, [0], [1, 1])  # a, and its repeat (twice)
     manager.allocate_encoder_inputs(req, [], [1])
     assert [f.reads() for f in features[:2]] == [(1, 1), (1, 1)]
     assert manager.request_cached_ids == {"r": {0, 1}}

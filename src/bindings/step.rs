@@ -108,6 +108,10 @@ pub(crate) struct StepRequest<'py> {
     request: Bound<'py, PyAny>,
     id: Bound<'py, PyString>,
     features: Bound<'py, PyAny>,
+    /// The items first seen in this call, from `first_seen` on, as
+    /// `(feature, mm_position)`: reading their details needs no new look-up.
+    seen: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    first_seen: usize,
     items: Arc<[Slot]>,
     /// Records read in this call, to be kept by [`StepRequest::remember`].
     fresh: bool,
@@ -125,17 +129,22 @@ impl<'py> StepRequest<'py> {
         let features = request.getattr(intern!(request.py(), "mm_features"))?;
         let num_items = features.len()?;
         let known = records(id.to_str()?)?.filter(|items| items.len() <= num_items);
-        let (items, fresh) = match known {
-            Some(items) if items.len() == num_items => (items, false),
+        let mut seen = Vec::new();
+        let (items, first_seen, fresh) = match known {
+            Some(items) if items.len() == num_items => (items, num_items, false),
             known => {
                 let mut items: Vec<Slot> = known.map(|items| items.to_vec()).unwrap_or_default();
-                for i in items.len()..num_items {
-                    items.push(read_position(&features.get_item(i)?)?);
+                let first_seen = items.len();
+                for i in first_seen..num_items {
+                    let feature = features.get_item(i)?;
+                    let position = feature.getattr(intern!(request.py(), "mm_position"))?;
+                    items.push(read_position(&position)?);
+                    seen.push((feature, position));
                 }
-                (Arc::from(items), true)
+                (Arc::from(items), first_seen, true)
             }
         };
-        Ok(Self { request: request.clone(), id, features, items, fresh })
+        Ok(Self { request: request.clone(), id, features, seen, first_seen, items, fresh })
     }
 
     /// Reads the rest of `input_ids` not read yet. Ids past the last item are
@@ -143,10 +152,21 @@ impl<'py> StepRequest<'py> {
     pub(crate) fn load(&mut self, input_ids: impl IntoIterator<Item = usize>) -> PyResult<()> {
         let mut updated: Option<Vec<Slot>> = None;
         for input_id in input_ids {
-            let Some(&Slot::Position { offset, length }) = self.items.get(input_id) else {
+            // An id may come twice (in both lists of an allocation): read it once.
+            let slots = updated.as_deref().unwrap_or(&self.items);
+            let Some(&Slot::Position { offset, length }) = slots.get(input_id) else {
                 continue;
             };
-            let item = read_item(&self.features.get_item(input_id)?, offset, length)?;
+            let seen = input_id.checked_sub(self.first_seen).and_then(|i| self.seen.get(i));
+            let (feature, position) = match seen {
+                Some((feature, position)) => (feature.clone(), position.clone()),
+                None => {
+                    let feature = self.features.get_item(input_id)?;
+                    let position = feature.getattr(intern!(feature.py(), "mm_position"))?;
+                    (feature, position)
+                }
+            };
+            let item = read_item(&feature, &position, offset, length)?;
             updated.get_or_insert_with(|| self.items.to_vec())[input_id] = Slot::Read(Arc::new(item));
         }
         if let Some(items) = updated {
@@ -256,21 +276,20 @@ fn list(py: Python<'_>, ids: Vec<usize>) -> PyResult<Bound<'_, PyList>> {
 }
 
 /// An item's placeholder position, from `mm_position.offset` and `.length`.
-fn read_position(feature: &Bound<'_, PyAny>) -> PyResult<Slot> {
-    let py = feature.py();
-    let position = feature.getattr(intern!(py, "mm_position"))?;
+fn read_position(position: &Bound<'_, PyAny>) -> PyResult<Slot> {
+    let py = position.py();
     let offset = count(&position.getattr(intern!(py, "offset"))?, "mm_position.offset")?;
     let length = count(&position.getattr(intern!(py, "length"))?, "mm_position.length")?;
     Ok(Slot::Position { offset, length })
 }
 
-/// An item's full record, at the position read before: `identifier`, and
-/// from `mm_position` `get_num_embeds()` and the `is_embed` mask (None, a
-/// sequence of bools, or anything with `.tolist()` such as a tensor).
-fn read_item(feature: &Bound<'_, PyAny>, offset: u64, length: u64) -> PyResult<Item> {
+/// An item's full record, at the position read before: the feature's
+/// `identifier`, and from its `mm_position` `get_num_embeds()` and the
+/// `is_embed` mask (None, a sequence of bools, or anything with `.tolist()`
+/// such as a tensor).
+fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u64, length: u64) -> PyResult<Item> {
     let py = feature.py();
     let identifier = expect_str(feature.getattr(intern!(py, "identifier"))?, "mm_features[i].identifier")?;
-    let position = feature.getattr(intern!(py, "mm_position"))?;
     let num_embeds = count(&position.call_method0(intern!(py, "get_num_embeds"))?, "mm_position.get_num_embeds()")?;
     let is_embed = position.getattr(intern!(py, "is_embed"))?;
     let mask = if is_embed.is_none() {
