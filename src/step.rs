@@ -4,9 +4,14 @@
 //!
 //! vLLM 0.33's scheduler runs this as a Python loop calling the manager once
 //! per item (`_try_schedule_encoder_inputs`, `_allocate_encoder_inputs`,
-//! `_free_encoder_inputs`). Here it is one call over [`Item`] records that the
-//! caller reads from the request once, so a step costs a few hash look-ups per
-//! item and no interpreter round trips.
+//! `_free_encoder_inputs`). Here it is one call over the request's [`Items`]:
+//! every item's placeholder position, and the full [`Item`] record of the items
+//! a call works on ([`window`] for a step, the given ids for an allocation, the
+//! inputs to free), so a caller can read the rest from the request only when
+//! first needed. A step costs a few hash look-ups per item and no interpreter
+//! round trips.
+
+use std::ops::Range;
 
 use hashbrown::HashMap;
 
@@ -43,9 +48,6 @@ impl Item {
         Self { identifier, offset, length, num_embeds, embeds_cumsum }
     }
 
-    fn end(&self) -> u64 {
-        self.offset + self.length
-    }
 
     /// The embeddings `(first, last)` covered by placeholder tokens
     /// `[start, end)` of the item (`PlaceholderRange.get_embeds_indices_in_range`);
@@ -62,6 +64,32 @@ impl Item {
             cumsum.get(pos).map(|&n| i128::from(n))
         };
         Some((before(start)?, before(end)?))
+    }
+}
+
+/// A request's items as the step functions see them: the placeholder position
+/// of every item, and the full record of those the caller has read.
+pub trait Items {
+    fn num_items(&self) -> usize;
+    /// `(offset, length)` of the item's placeholder; `None` past the last item.
+    fn position(&self, input_id: usize) -> Option<(u64, u64)>;
+    /// The item's full record: [`StepError::InputOutOfRange`] past the last
+    /// item, [`StepError::NotRead`] when the caller has not read it.
+    fn item(&self, input_id: usize) -> Result<&Item, StepError>;
+}
+
+/// Fully read items.
+impl Items for [Item] {
+    fn num_items(&self) -> usize {
+        self.len()
+    }
+
+    fn position(&self, input_id: usize) -> Option<(u64, u64)> {
+        self.get(input_id).map(|item| (item.offset, item.length))
+    }
+
+    fn item(&self, input_id: usize) -> Result<&Item, StepError> {
+        self.get(input_id).ok_or(StepError::InputOutOfRange { input_id, num_items: self.len() })
     }
 }
 
@@ -120,6 +148,9 @@ pub enum StepError {
     InputOutOfRange { input_id: usize, num_items: usize },
     /// An allocation the cache refused. Earlier inputs of the call stay allocated.
     Cache(CacheError),
+    /// A bug of the caller: it did not read an item the call needs (see
+    /// [`Items`]). Detected before anything is changed.
+    NotRead { input_id: usize },
 }
 
 impl std::fmt::Display for StepError {
@@ -139,6 +170,9 @@ impl std::fmt::Display for StepError {
                 "input_id {input_id} out of range: the request has {num_items} multimodal items"
             ),
             Self::Cache(err) => err.fmt(f),
+            Self::NotRead { input_id } => {
+                write!(f, "internal error: multimodal item {input_id} was used before it was read")
+            }
         }
     }
 }
@@ -164,7 +198,8 @@ pub trait StepCache {
     fn allocate(&mut self, request_id: &str, input_id: usize, item: &Item) -> Result<(), CacheError>;
     /// The request's held inputs, in no particular order.
     fn held_inputs(&self, request_id: &str, num_items: usize) -> impl Iterator<Item = usize> + '_;
-    fn free_input(&mut self, request_id: &str, input_id: usize, item: &Item);
+    /// Frees the request's `input_ids`: all of them, or none on an error.
+    fn free_inputs<I: Items + ?Sized>(&mut self, request_id: &str, items: &I, input_ids: &[usize]) -> Result<(), StepError>;
 }
 
 impl StepCache for EncoderCache {
@@ -190,8 +225,12 @@ impl StepCache for EncoderCache {
         self.cached_input_ids(request_id).into_iter().flat_map(|inputs| inputs.keys().copied())
     }
 
-    fn free_input(&mut self, request_id: &str, input_id: usize, _item: &Item) {
-        self.free_encoder_input(request_id, input_id);
+    /// By position alone: no item record is needed.
+    fn free_inputs<I: Items + ?Sized>(&mut self, request_id: &str, _items: &I, input_ids: &[usize]) -> Result<(), StepError> {
+        for &input_id in input_ids {
+            self.free_encoder_input(request_id, input_id);
+        }
+        Ok(())
     }
 }
 
@@ -220,19 +259,24 @@ impl StepCache for EncoderDecoderCache {
         0..num_items
     }
 
-    fn free_input(&mut self, _request_id: &str, _input_id: usize, item: &Item) {
-        self.free_encoder_input(item.num_embeds);
+    /// By size: needs the records of `input_ids`.
+    fn free_inputs<I: Items + ?Sized>(&mut self, _request_id: &str, items: &I, input_ids: &[usize]) -> Result<(), StepError> {
+        let sizes = input_ids.iter().map(|&i| Ok(items.item(i)?.num_embeds)).collect::<Result<Vec<u64>, StepError>>()?;
+        for n in sizes {
+            self.free_encoder_input(n);
+        }
+        Ok(())
     }
 }
 
-/// Python's `bisect.bisect_left` over `key(item)`, midpoint for midpoint, so
-/// the window matches vLLM's even where items overlap and their ends are not
-/// sorted.
-fn bisect_left(items: &[Item], x: i128, key: impl Fn(&Item) -> u64) -> usize {
-    let (mut lo, mut hi) = (0, items.len());
+/// Python's `bisect.bisect_left` over `key(input_id)` for the first `len`
+/// items, midpoint for midpoint, so the window matches vLLM's even where items
+/// overlap and their ends are not sorted.
+fn bisect_left(len: usize, x: i128, key: impl Fn(usize) -> u64) -> usize {
+    let (mut lo, mut hi) = (0, len);
     while lo < hi {
         let mid = (lo + hi) / 2;
-        if i128::from(key(&items[mid])) < x {
+        if i128::from(key(mid)) < x {
             lo = mid + 1;
         } else {
             hi = mid;
@@ -241,14 +285,39 @@ fn bisect_left(items: &[Item], x: i128, key: impl Fn(&Item) -> u64) -> usize {
     lo
 }
 
+/// The items a step with `args` looks at (vLLM's `get_mm_features_in_window`):
+/// from the first that ends after the computed tokens (from the first of all
+/// with encoder-decoder rules) to the last that starts before the window's
+/// end. Only these need full records. Empty when the step schedules no tokens.
+pub fn window<I: Items + ?Sized>(items: &I, args: StepArgs, encoder_decoder: bool) -> Range<usize> {
+    let len = items.num_items();
+    if args.num_new_tokens == 0 || len == 0 {
+        return 0..0;
+    }
+    // Only ids below `len` are looked up, so the positions are there.
+    let position = |input_id| items.position(input_id).unwrap_or_default();
+    let computed = i128::from(args.num_computed_tokens);
+    let window_end = computed + i128::from(args.num_new_tokens) + i128::from(args.shift_computed_tokens);
+    let lo = if encoder_decoder {
+        0
+    } else {
+        bisect_left(len, computed + 1, |i| {
+            let (offset, length) = position(i);
+            offset + length
+        })
+    };
+    let hi = bisect_left(len, window_end, |i| position(i).0);
+    lo..hi.max(lo)
+}
+
 /// vLLM's `_try_schedule_encoder_inputs` for the request's `items` (sorted by
 /// offset). Hits are taken and evictions made as the loop goes, so they stand
 /// even when the step is cut short or rejected, as in vLLM.
 /// `has_remote_item(identifier)` says whether a remote cache holds an item.
-pub fn try_schedule<C: StepCache, E: From<StepError>>(
+pub fn try_schedule<C: StepCache, I: Items + ?Sized, E: From<StepError>>(
     cache: &mut C,
     request_id: &str,
-    items: &[Item],
+    items: &I,
     args: StepArgs,
     has_remote_item: &mut dyn FnMut(&Key) -> Result<bool, E>,
 ) -> Result<Scheduled, E> {
@@ -257,19 +326,15 @@ pub fn try_schedule<C: StepCache, E: From<StepError>>(
         encoder_compute_budget: args.encoder_compute_budget,
         ..Scheduled::default()
     };
-    if args.num_new_tokens == 0 || items.is_empty() {
-        return Ok(out);
-    }
     let computed = i128::from(args.num_computed_tokens);
     let shift = i128::from(args.shift_computed_tokens);
     let window_end = computed + i128::from(args.num_new_tokens) + shift;
-    let lo = if C::ENCODER_DECODER { 0 } else { bisect_left(items, computed + 1, Item::end) };
-    let hi = bisect_left(items, window_end, |item| item.offset);
     // Identifiers this step schedules, with their sizes (allocates only on a miss).
     let mut scheduled: HashMap<&str, u64> = HashMap::new();
     let mut embeds_to_schedule: u64 = 0;
 
-    for (input_id, item) in items.iter().enumerate().take(hi).skip(lo) {
+    for input_id in window(items, args, C::ENCODER_DECODER) {
+        let item = items.item(input_id)?;
         let start = i128::from(item.offset);
         let length = i128::from(item.length);
         if C::ENCODER_DECODER && computed > 0 {
@@ -341,57 +406,64 @@ fn clamp_tokens(n: i128) -> i64 {
     i64::try_from(n).unwrap_or(if n < 0 { i64::MIN } else { i64::MAX })
 }
 
-fn check_inputs(items: &[Item], input_ids: &[usize]) -> Result<(), StepError> {
-    match input_ids.iter().find(|&&i| i >= items.len()) {
-        Some(&input_id) => Err(StepError::InputOutOfRange { input_id, num_items: items.len() }),
-        None => Ok(()),
-    }
+/// The records of `input_ids`, all or an error.
+fn records<'a, I: Items + ?Sized>(items: &'a I, input_ids: &[usize]) -> Result<Vec<&'a Item>, StepError> {
+    input_ids.iter().map(|&input_id| items.item(input_id)).collect()
 }
 
 /// vLLM's `_allocate_encoder_inputs`: allocate each of `input_ids`, then take
 /// the hit for each of `repeated` (items repeated within the step). Ids are
 /// checked first; an allocation the cache refuses stops the call there.
-pub fn allocate_inputs<C: StepCache>(
+pub fn allocate_inputs<C: StepCache, I: Items + ?Sized>(
     cache: &mut C,
     request_id: &str,
-    items: &[Item],
+    items: &I,
     input_ids: &[usize],
     repeated: &[usize],
 ) -> Result<(), StepError> {
-    check_inputs(items, input_ids)?;
-    check_inputs(items, repeated)?;
-    for &input_id in input_ids {
-        cache.allocate(request_id, input_id, &items[input_id])?;
+    let (to_allocate, to_hit) = (records(items, input_ids)?, records(items, repeated)?);
+    for (&input_id, item) in input_ids.iter().zip(to_allocate) {
+        cache.allocate(request_id, input_id, item)?;
     }
-    for &input_id in repeated {
-        cache.check_and_update_cache(request_id, input_id, &items[input_id].identifier)?;
+    for (&input_id, item) in repeated.iter().zip(to_hit) {
+        cache.check_and_update_cache(request_id, input_id, &item.identifier)?;
     }
     Ok(())
 }
 
-/// vLLM's `_free_encoder_inputs`: free the request's held inputs whose
-/// placeholder ends at or before `position`, ascending, and return them. With
-/// encoder-decoder rules every held input goes once `decoder_started` (the
-/// request has computed a token).
-pub fn free_inputs_before<C: StepCache>(
-    cache: &mut C,
+/// The held inputs [`free_inputs_before`] frees, ascending: those whose
+/// placeholder ends at or before `position`, or with encoder-decoder rules all
+/// of them once `decoder_started` (the request has computed a token).
+pub fn inputs_to_free<C: StepCache, I: Items + ?Sized>(
+    cache: &C,
     request_id: &str,
-    items: &[Item],
+    items: &I,
     position: i64,
     decoder_started: bool,
 ) -> Result<Vec<usize>, StepError> {
     let all = C::ENCODER_DECODER && decoder_started;
+    let num_items = items.num_items();
     let mut done = Vec::new();
-    for input_id in cache.held_inputs(request_id, items.len()) {
-        let item = items.get(input_id).ok_or(StepError::InputOutOfRange { input_id, num_items: items.len() })?;
-        if all || i128::from(item.end()) <= i128::from(position) {
+    for input_id in cache.held_inputs(request_id, num_items) {
+        let (offset, length) = items.position(input_id).ok_or(StepError::InputOutOfRange { input_id, num_items })?;
+        if all || i128::from(offset) + i128::from(length) <= i128::from(position) {
             done.push(input_id);
         }
     }
     done.sort_unstable();
-    for &input_id in &done {
-        cache.free_input(request_id, input_id, &items[input_id]);
-    }
+    Ok(done)
+}
+
+/// vLLM's `_free_encoder_inputs`: free [`inputs_to_free`] and return them.
+pub fn free_inputs_before<C: StepCache, I: Items + ?Sized>(
+    cache: &mut C,
+    request_id: &str,
+    items: &I,
+    position: i64,
+    decoder_started: bool,
+) -> Result<Vec<usize>, StepError> {
+    let done = inputs_to_free(cache, request_id, items, position, decoder_started)?;
+    cache.free_inputs(request_id, items, &done)?;
     Ok(done)
 }
 
@@ -414,7 +486,60 @@ mod tests {
     }
 
     fn step<C: StepCache>(cache: &mut C, items: &[Item], a: StepArgs) -> Scheduled {
-        try_schedule::<C, StepError>(cache, "r", items, a, &mut |_| Ok(false)).unwrap()
+        try_schedule::<C, _, StepError>(cache, "r", items, a, &mut |_| Ok(false)).unwrap()
+    }
+
+    /// Items of which only `read` have full records.
+    struct Partly<'a> {
+        items: &'a [Item],
+        read: std::ops::Range<usize>,
+    }
+
+    impl Items for Partly<'_> {
+        fn num_items(&self) -> usize {
+            self.items.len()
+        }
+
+        fn position(&self, input_id: usize) -> Option<(u64, u64)> {
+            self.items.position(input_id)
+        }
+
+        fn item(&self, input_id: usize) -> Result<&Item, StepError> {
+            let item = self.items.item(input_id)?;
+            self.read.contains(&input_id).then_some(item).ok_or(StepError::NotRead { input_id })
+        }
+    }
+
+    #[test]
+    fn the_window_bisects_like_vllm() {
+        let items = [item("a", 0, 4), item("b", 10, 4), item("c", 20, 4)];
+        assert_eq!(window(&items[..], args(0, 12, 0), false), 0..2);
+        assert_eq!(window(&items[..], args(4, 7, 0), false), 1..2);
+        assert_eq!(window(&items[..], args(14, 6, 0), false), 2..2);
+        assert_eq!(window(&items[..], StepArgs { shift_computed_tokens: 1, ..args(14, 6, 0) }, false), 2..3);
+        assert_eq!(window(&items[..], args(14, 20, 0), true), 0..3);
+        assert_eq!(window(&items[..], args(0, 0, 0), false), 0..0);
+    }
+
+    #[test]
+    fn only_the_items_a_call_needs_must_be_read() {
+        let items = [item("a", 0, 4), item("b", 10, 4), item("c", 20, 4)];
+        let mut cache = EncoderCache::new(100);
+        let partly = Partly { items: &items, read: 1..2 };
+        let out = try_schedule::<_, _, StepError>(&mut cache, "r", &partly, args(4, 8, 100), &mut |_| Ok(false));
+        assert_eq!(out.unwrap().to_encode, vec![1]);
+        let err = try_schedule::<_, _, StepError>(&mut cache, "r", &partly, args(4, 20, 100), &mut |_| Ok(false));
+        assert_eq!(err, Err(StepError::NotRead { input_id: 2 }));
+        assert_eq!(allocate_inputs(&mut cache, "r", &partly, &[1, 2], &[]), Err(StepError::NotRead { input_id: 2 }));
+        assert!(cache.requests().is_empty(), "nothing allocated");
+        allocate_inputs(&mut cache, "r", &partly, &[1], &[]).unwrap();
+        assert_eq!(free_inputs_before(&mut cache, "r", &partly, 20, false).unwrap(), vec![1]);
+        // Encoder-decoder frees by size: every freed item must be read, else nothing is freed.
+        let mut cache = EncoderDecoderCache::new(100);
+        allocate_inputs(&mut cache, "r", &items[..], &[0, 1, 2], &[]).unwrap();
+        let err = free_inputs_before(&mut cache, "r", &partly, 0, true);
+        assert_eq!(err, Err(StepError::NotRead { input_id: 0 }));
+        assert_eq!(cache.num_free_slots(), 88);
     }
 
     #[test]
@@ -490,14 +615,14 @@ mod tests {
     fn a_held_input_is_still_checked_against_its_item() {
         let mut cache = EncoderCache::new(100);
         let items = [item("a", 0, 4)];
-        allocate_inputs(&mut cache, "r", &items, &[0], &[]).unwrap();
+        allocate_inputs(&mut cache, "r", &items[..], &[0], &[]).unwrap();
         let hit = step(&mut cache, &items, args(0, 4, 100));
         assert_eq!(hit, Scheduled { num_new_tokens: 4, encoder_compute_budget: 100, ..Scheduled::default() });
         // The same request id and input with another size: rejected, as vLLM would.
         let resized = [Item::new(Arc::from("a"), 0, 4, 5, None)];
         assert_eq!(step(&mut cache, &resized, args(0, 4, 100)).mismatch.map(|m| m.cached), Some(4));
         // Another identifier at the held input is refused (free the input first).
-        let err = try_schedule::<_, StepError>(&mut cache, "r", &[item("b", 0, 4)], args(0, 4, 100), &mut |_| Ok(false));
+        let err = try_schedule::<_, _, StepError>(&mut cache, "r", &[item("b", 0, 4)][..], args(0, 4, 100), &mut |_| Ok(false));
         assert!(matches!(err, Err(StepError::Cache(CacheError::InputHeld { input_id: 0, .. }))));
     }
 
@@ -513,7 +638,7 @@ mod tests {
     fn remote_items_take_space_not_budget() {
         let items = [item("a", 0, 4), item("b", 4, 4)];
         let mut cache = EncoderCache::new(6);
-        let out = try_schedule::<_, StepError>(&mut cache, "r", &items, args(0, 8, 10), &mut |id| Ok(&**id == "a"))
+        let out = try_schedule::<_, _, StepError>(&mut cache, "r", &items[..], args(0, 8, 10), &mut |id| Ok(&**id == "a"))
             .unwrap();
         assert_eq!((out.from_remote, out.to_encode), (vec![0], vec![]));
         assert_eq!((out.num_new_tokens, out.encoder_compute_budget), (4, 10));
@@ -523,7 +648,7 @@ mod tests {
     fn callback_errors_propagate() {
         let items = [item("a", 0, 4)];
         let mut cache = EncoderCache::new(6);
-        let err = try_schedule(&mut cache, "r", &items, args(0, 8, 10), &mut |_| {
+        let err = try_schedule(&mut cache, "r", &items[..], args(0, 8, 10), &mut |_| {
             Err(StepError::InputOutOfRange { input_id: 9, num_items: 0 })
         });
         assert!(err.is_err());
@@ -539,7 +664,7 @@ mod tests {
         let out = step(&mut cache, &items, args(0, 8, 100));
         assert_eq!(out.to_encode, vec![0, 1]);
         assert_eq!(cache.freed().len(), 2);
-        allocate_inputs(&mut cache, "r", &items, &out.to_encode, &out.repeated).unwrap();
+        allocate_inputs(&mut cache, "r", &items[..], &out.to_encode, &out.repeated).unwrap();
         assert_eq!(cache.take_freed().iter().map(|k| &**k).collect::<Vec<_>>(), vec!["b"]);
     }
 
@@ -547,13 +672,13 @@ mod tests {
     fn allocate_checks_ids_first_and_frees_by_position() {
         let items = [item("a", 0, 4), item("a", 4, 4), item("b", 10, 4)];
         let mut cache = EncoderCache::new(100);
-        let err = allocate_inputs(&mut cache, "r", &items, &[0], &[7]).unwrap_err();
+        let err = allocate_inputs(&mut cache, "r", &items[..], &[0], &[7]).unwrap_err();
         assert_eq!(err, StepError::InputOutOfRange { input_id: 7, num_items: 3 });
         assert_eq!(cache.num_free_slots(), 100);
-        allocate_inputs(&mut cache, "r", &items, &[0, 2], &[1]).unwrap();
-        assert_eq!(free_inputs_before(&mut cache, "r", &items, 8, false).unwrap(), vec![0, 1]);
+        allocate_inputs(&mut cache, "r", &items[..], &[0, 2], &[1]).unwrap();
+        assert_eq!(free_inputs_before(&mut cache, "r", &items[..], 8, false).unwrap(), vec![0, 1]);
         assert_eq!(cache.num_freeable_slots(), 96, "a is released with its last occurrence");
-        assert_eq!(free_inputs_before(&mut cache, "r", &items, 20, false).unwrap(), vec![2]);
+        assert_eq!(free_inputs_before(&mut cache, "r", &items[..], 20, false).unwrap(), vec![2]);
         assert!(cache.requests().is_empty());
     }
 
@@ -565,12 +690,12 @@ mod tests {
         assert_eq!((out.to_encode, out.num_new_tokens), (vec![0], 0), "b does not fit beside a");
         let out = step(&mut cache, &items, args(3, 4, 100));
         assert!(out.to_encode.is_empty());
-        allocate_inputs(&mut cache, "r", &items, &[0, 1], &[]).unwrap();
+        allocate_inputs(&mut cache, "r", &items[..], &[0, 1], &[]).unwrap();
         assert_eq!(cache.num_free_slots(), -2);
-        assert_eq!(free_inputs_before(&mut cache, "r", &items, 0, true).unwrap(), vec![0, 1]);
+        assert_eq!(free_inputs_before(&mut cache, "r", &items[..], 0, true).unwrap(), vec![0, 1]);
         assert_eq!(cache.num_free_slots(), 10);
         let late = [item("a", 3, 6)];
-        let err = try_schedule::<_, StepError>(&mut cache, "r", &late, args(1, 4, 100), &mut |_| Ok(false));
+        let err = try_schedule::<_, _, StepError>(&mut cache, "r", &late[..], args(1, 4, 100), &mut |_| Ok(false));
         assert_eq!(err, Err(StepError::EncoderDecoderOffset { input_id: 0, offset: 3 }));
     }
 }

@@ -34,9 +34,11 @@ class _StepMethods:
     loops (Scheduler._try_schedule_encoder_inputs, _allocate_encoder_inputs,
     _free_encoder_inputs), with the same results and effects on the cache.
 
-    Each item's identifier, offset, length, get_num_embeds() and is_embed are
-    read once per request object and kept until free(request) or reset(); items
-    appended to mm_features later are read when they appear. mm_features must be
+    What is read from a request is kept per request object until free(request)
+    or reset(): each item's offset and length when the item first appears, its
+    identifier, get_num_embeds() and is_embed only when a call first needs the
+    item (it is in the step's window, named in an allocation, or freed by size),
+    so items a prefix-cache hit covers are never read. mm_features must be
     sorted by offset. Callbacks run while the manager is busy: they must not
     call back into it (that raises RuntimeError).
     """

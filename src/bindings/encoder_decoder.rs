@@ -132,7 +132,7 @@ impl PyEncoderDecoderCacheManager {
     }
 
     // Step-level API: vLLM's per-item scheduler loops as one call per request
-    // per step, over item records read from the request once (see `step`).
+    // per step, over item records read from the request when first needed (see `step`).
 
     #[pyo3(signature = (
         request, num_computed_tokens, num_new_tokens, encoder_compute_budget, shift_computed_tokens=0,
@@ -157,7 +157,8 @@ impl PyEncoderDecoderCacheManager {
             shift_computed_tokens,
             disable_chunked_mm_input,
         };
-        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        req.load_window::<EncoderDecoderCache>(args)?;
         let out = {
             let this = &mut *slf.try_borrow_mut()?;
             req.try_schedule(&mut this.cache, &mut this.records, args, has_remote_item)?
@@ -171,9 +172,10 @@ impl PyEncoderDecoderCacheManager {
         input_ids: Vec<i64>,
         duplicate_input_ids: Vec<i64>,
     ) -> PyResult<()> {
-        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let (input_ids, repeated) = req.load_inputs(input_ids, duplicate_input_ids)?;
         let this = &mut *slf.try_borrow_mut()?;
-        req.allocate(&mut this.cache, &mut this.records, input_ids, duplicate_input_ids)
+        req.allocate(&mut this.cache, &mut this.records, &input_ids, &repeated)
     }
 
     fn free_encoder_inputs_before(
@@ -182,7 +184,10 @@ impl PyEncoderDecoderCacheManager {
         position: i64,
     ) -> PyResult<Vec<usize>> {
         let decoder_started = request.getattr(intern!(request.py(), "num_computed_tokens"))?.extract::<i64>()? > 0;
-        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        // Frees by size: read the sizes first, with the manager not borrowed.
+        let to_free = req.to_free(&slf.try_borrow()?.cache, position, decoder_started)?;
+        req.load(to_free)?;
         let this = &mut *slf.try_borrow_mut()?;
         req.free_before(&mut this.cache, &mut this.records, position, decoder_started)
     }

@@ -196,7 +196,7 @@ impl PyEncoderCacheManager {
     }
 
     // Step-level API: vLLM's per-item scheduler loops as one call per request
-    // per step, over item records read from the request once (see `step`).
+    // per step, over item records read from the request when first needed (see `step`).
 
     #[pyo3(signature = (
         request, num_computed_tokens, num_new_tokens, encoder_compute_budget, shift_computed_tokens=0,
@@ -221,7 +221,8 @@ impl PyEncoderCacheManager {
             shift_computed_tokens,
             disable_chunked_mm_input,
         };
-        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        req.load_window::<EncoderCache>(args)?;
         let out = {
             let this = &mut *slf.try_borrow_mut()?;
             req.try_schedule(&mut this.cache, &mut this.records, args, has_remote_item)?
@@ -235,9 +236,10 @@ impl PyEncoderCacheManager {
         input_ids: Vec<i64>,
         duplicate_input_ids: Vec<i64>,
     ) -> PyResult<()> {
-        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
+        let (input_ids, repeated) = req.load_inputs(input_ids, duplicate_input_ids)?;
         let this = &mut *slf.try_borrow_mut()?;
-        req.allocate(&mut this.cache, &mut this.records, input_ids, duplicate_input_ids)
+        req.allocate(&mut this.cache, &mut this.records, &input_ids, &repeated)
     }
 
     fn free_encoder_inputs_before(

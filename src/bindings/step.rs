@@ -1,15 +1,25 @@
-//! What the step-level methods share: reading a request's items into
-//! [`Item`] records once, keeping them per request, and converting results.
+//! What the step-level methods share: reading a request's items, keeping
+//! what was read per request, and converting results.
 //!
-//! Records are read when a request is first seen, again when a different
-//! object arrives under the same request id, and for the new items only when
-//! `mm_features` grew (streaming input). A step then reads just
-//! `request.request_id` and `len(request.mm_features)` from Python.
+//! What is read from Python, and when:
+//! - every call: `request.request_id` and `len(request.mm_features)`;
+//! - an item's position (`mm_position.offset` and `.length`), once, when the
+//!   item is first seen: for all items of a request the first time it comes,
+//!   again for all when a different object arrives under the same request id,
+//!   and for the new items when `mm_features` grew (streaming input);
+//! - the rest of an item (`identifier`, `mm_position.get_num_embeds()`,
+//!   `mm_position.is_embed`), once, when a call first needs it: the item is in
+//!   the window of `try_schedule_encoder_inputs` ([`step::window`]), is named in
+//!   `allocate_encoder_inputs`, or is freed by the encoder-decoder manager's
+//!   `free_encoder_inputs_before` (which frees by size). Items a request never
+//!   schedules, such as those its prefix-cache hit already covers, are never
+//!   read, and `get_num_embeds()` (a torch cumsum in vLLM for a masked item)
+//!   runs at most once per item.
 
 use std::sync::Arc;
 
 use hashbrown::HashMap;
-use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -17,13 +27,42 @@ use pyo3::types::{PyList, PyString, PyTuple};
 
 use super::request::{count, expect_str, input_index, request_id};
 use crate::cache::Key;
-use crate::step::{self, Item, Scheduled, StepArgs, StepCache, StepError};
+use crate::step::{self, Item, Items, Scheduled, StepArgs, StepCache, StepError};
 
 impl From<StepError> for PyErr {
     fn from(err: StepError) -> PyErr {
         match err {
             StepError::EmbedRange { .. } | StepError::InputOutOfRange { .. } => PyIndexError::new_err(err.to_string()),
             StepError::EncoderDecoderOffset { .. } | StepError::Cache(_) => PyValueError::new_err(err.to_string()),
+            StepError::NotRead { .. } => PyRuntimeError::new_err(err.to_string()),
+        }
+    }
+}
+
+/// What is known of an item: its position from the first sight, the rest once read.
+#[derive(Clone)]
+pub(crate) enum Slot {
+    Position { offset: u64, length: u64 },
+    Read(Arc<Item>),
+}
+
+impl Items for [Slot] {
+    fn num_items(&self) -> usize {
+        self.len()
+    }
+
+    fn position(&self, input_id: usize) -> Option<(u64, u64)> {
+        self.get(input_id).map(|slot| match slot {
+            Slot::Position { offset, length } => (*offset, *length),
+            Slot::Read(item) => (item.offset, item.length),
+        })
+    }
+
+    fn item(&self, input_id: usize) -> Result<&Item, StepError> {
+        match self.get(input_id) {
+            Some(Slot::Read(item)) => Ok(item),
+            Some(Slot::Position { .. }) => Err(StepError::NotRead { input_id }),
+            None => Err(StepError::InputOutOfRange { input_id, num_items: self.len() }),
         }
     }
 }
@@ -31,7 +70,7 @@ impl From<StepError> for PyErr {
 struct Known {
     /// Held so that identity says whether the records are still this request's.
     request: Py<PyAny>,
-    items: Arc<[Item]>,
+    items: Arc<[Slot]>,
 }
 
 /// Item records per request id, until `free(request)` or `reset()`.
@@ -42,7 +81,7 @@ pub(crate) struct ItemRecords {
 
 impl ItemRecords {
     /// The records of `request_id`, if they were read from this very object.
-    pub(crate) fn known(&self, request: &Bound<'_, PyAny>, request_id: &str) -> Option<Arc<[Item]>> {
+    pub(crate) fn known(&self, request: &Bound<'_, PyAny>, request_id: &str) -> Option<Arc<[Slot]>> {
         let known = self.by_request.get(request_id)?;
         known.request.is(request).then(|| known.items.clone())
     }
@@ -68,34 +107,92 @@ impl ItemRecords {
 pub(crate) struct StepRequest<'py> {
     request: Bound<'py, PyAny>,
     id: Bound<'py, PyString>,
-    items: Arc<[Item]>,
+    features: Bound<'py, PyAny>,
+    /// The items first seen in this call, from `first_seen` on, as
+    /// `(feature, mm_position)`: reading their details needs no new look-up.
+    seen: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    first_seen: usize,
+    items: Arc<[Slot]>,
     /// Records read in this call, to be kept by [`StepRequest::remember`].
     fresh: bool,
 }
 
 impl<'py> StepRequest<'py> {
-    /// Reads the request id and the items not yet recorded. `records` is
-    /// called once, to look at the stored records, and its borrow ends before
-    /// any of the request's own code runs.
+    /// Reads the request id and the positions of the items not yet recorded.
+    /// `records` is called once, to look at the stored records, and its borrow
+    /// ends before any of the request's own code runs.
     pub(crate) fn read(
         request: &Bound<'py, PyAny>,
-        records: impl FnOnce(&str) -> PyResult<Option<Arc<[Item]>>>,
+        records: impl FnOnce(&str) -> PyResult<Option<Arc<[Slot]>>>,
     ) -> PyResult<Self> {
         let id = request_id(request)?;
         let features = request.getattr(intern!(request.py(), "mm_features"))?;
         let num_items = features.len()?;
         let known = records(id.to_str()?)?.filter(|items| items.len() <= num_items);
-        let (items, fresh) = match known {
-            Some(items) if items.len() == num_items => (items, false),
+        let mut seen = Vec::new();
+        let (items, first_seen, fresh) = match known {
+            Some(items) if items.len() == num_items => (items, num_items, false),
             known => {
-                let mut items: Vec<Item> = known.map(|items| items.to_vec()).unwrap_or_default();
-                for i in items.len()..num_items {
-                    items.push(read_item(&features.get_item(i)?)?);
+                let mut items: Vec<Slot> = known.map(|items| items.to_vec()).unwrap_or_default();
+                let first_seen = items.len();
+                for i in first_seen..num_items {
+                    let feature = features.get_item(i)?;
+                    let position = feature.getattr(intern!(request.py(), "mm_position"))?;
+                    items.push(read_position(&position)?);
+                    seen.push((feature, position));
                 }
-                (Arc::from(items), true)
+                (Arc::from(items), first_seen, true)
             }
         };
-        Ok(Self { request: request.clone(), id, items, fresh })
+        Ok(Self { request: request.clone(), id, features, seen, first_seen, items, fresh })
+    }
+
+    /// Reads the rest of `input_ids` not read yet. Ids past the last item are
+    /// left for the step functions to report.
+    pub(crate) fn load(&mut self, input_ids: impl IntoIterator<Item = usize>) -> PyResult<()> {
+        let mut updated: Option<Vec<Slot>> = None;
+        for input_id in input_ids {
+            // An id may come twice (in both lists of an allocation): read it once.
+            let slots = updated.as_deref().unwrap_or(&self.items);
+            let Some(&Slot::Position { offset, length }) = slots.get(input_id) else {
+                continue;
+            };
+            let seen = input_id.checked_sub(self.first_seen).and_then(|i| self.seen.get(i));
+            let (feature, position) = match seen {
+                Some((feature, position)) => (feature.clone(), position.clone()),
+                None => {
+                    let feature = self.features.get_item(input_id)?;
+                    let position = feature.getattr(intern!(feature.py(), "mm_position"))?;
+                    (feature, position)
+                }
+            };
+            let item = read_item(&feature, &position, offset, length)?;
+            updated.get_or_insert_with(|| self.items.to_vec())[input_id] = Slot::Read(Arc::new(item));
+        }
+        if let Some(items) = updated {
+            self.items = Arc::from(items);
+            self.fresh = true;
+        }
+        Ok(())
+    }
+
+    /// Reads the items a step with `args` looks at.
+    pub(crate) fn load_window<C: StepCache>(&mut self, args: StepArgs) -> PyResult<()> {
+        self.load(step::window(&*self.items, args, C::ENCODER_DECODER))
+    }
+
+    /// Reads the items to allocate and to take hits for, given as Python ids.
+    pub(crate) fn load_inputs(&mut self, input_ids: Vec<i64>, repeated: Vec<i64>) -> PyResult<(Vec<usize>, Vec<usize>)> {
+        let index = |ids: Vec<i64>| ids.into_iter().map(input_index).collect::<PyResult<Vec<usize>>>();
+        let (input_ids, repeated) = (index(input_ids)?, index(repeated)?);
+        self.load(input_ids.iter().chain(&repeated).copied())?;
+        Ok((input_ids, repeated))
+    }
+
+    /// The held inputs [`StepRequest::free_before`] would free: the items to
+    /// [`StepRequest::load`] first for a cache that frees by size.
+    pub(crate) fn to_free<C: StepCache>(&self, cache: &C, position: i64, decoder_started: bool) -> PyResult<Vec<usize>> {
+        Ok(step::inputs_to_free(cache, self.id.to_str()?, &*self.items, position, decoder_started)?)
     }
 
     /// Keeps records read in this call, and returns the request id.
@@ -121,21 +218,19 @@ impl<'py> StepRequest<'py> {
             Some(callback) => callback.call1((&**identifier,))?.is_truthy(),
             None => Ok(false),
         };
-        step::try_schedule(cache, id, &self.items, args, &mut remote)
+        step::try_schedule(cache, id, &*self.items, args, &mut remote)
     }
 
-    /// [`step::allocate_inputs`] for input ids from Python.
+    /// [`step::allocate_inputs`], for ids from [`StepRequest::load_inputs`].
     pub(crate) fn allocate<C: StepCache>(
         &self,
         cache: &mut C,
         records: &mut ItemRecords,
-        input_ids: Vec<i64>,
-        repeated: Vec<i64>,
+        input_ids: &[usize],
+        repeated: &[usize],
     ) -> PyResult<()> {
-        let index = |ids: Vec<i64>| ids.into_iter().map(input_index).collect::<PyResult<Vec<usize>>>();
-        let (input_ids, repeated) = (index(input_ids)?, index(repeated)?);
         let id = self.remember(records)?;
-        Ok(step::allocate_inputs(cache, id, &self.items, &input_ids, &repeated)?)
+        Ok(step::allocate_inputs(cache, id, &*self.items, input_ids, repeated)?)
     }
 
     /// [`step::free_inputs_before`].
@@ -147,7 +242,7 @@ impl<'py> StepRequest<'py> {
         decoder_started: bool,
     ) -> PyResult<Vec<usize>> {
         let id = self.remember(records)?;
-        Ok(step::free_inputs_before(cache, id, &self.items, position, decoder_started)?)
+        Ok(step::free_inputs_before(cache, id, &*self.items, position, decoder_started)?)
     }
 
     /// vLLM's step result tuple; a mismatch is reported to `on_mismatch`
@@ -180,15 +275,21 @@ fn list(py: Python<'_>, ids: Vec<usize>) -> PyResult<Bound<'_, PyList>> {
     PyList::new(py, ids)
 }
 
-/// An item's record: `identifier`, and from `mm_position` the `offset`,
-/// `length`, `get_num_embeds()` and the `is_embed` mask (None, a sequence of
-/// bools, or anything with `.tolist()` such as a tensor).
-fn read_item(feature: &Bound<'_, PyAny>) -> PyResult<Item> {
-    let py = feature.py();
-    let identifier = expect_str(feature.getattr(intern!(py, "identifier"))?, "mm_features[i].identifier")?;
-    let position = feature.getattr(intern!(py, "mm_position"))?;
+/// An item's placeholder position, from `mm_position.offset` and `.length`.
+fn read_position(position: &Bound<'_, PyAny>) -> PyResult<Slot> {
+    let py = position.py();
     let offset = count(&position.getattr(intern!(py, "offset"))?, "mm_position.offset")?;
     let length = count(&position.getattr(intern!(py, "length"))?, "mm_position.length")?;
+    Ok(Slot::Position { offset, length })
+}
+
+/// An item's full record, at the position read before: the feature's
+/// `identifier`, and from its `mm_position` `get_num_embeds()` and the
+/// `is_embed` mask (None, a sequence of bools, or anything with `.tolist()`
+/// such as a tensor).
+fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u64, length: u64) -> PyResult<Item> {
+    let py = feature.py();
+    let identifier = expect_str(feature.getattr(intern!(py, "identifier"))?, "mm_features[i].identifier")?;
     let num_embeds = count(&position.call_method0(intern!(py, "get_num_embeds"))?, "mm_position.get_num_embeds()")?;
     let is_embed = position.getattr(intern!(py, "is_embed"))?;
     let mask = if is_embed.is_none() {
