@@ -95,13 +95,13 @@ pub fn apply(cache: &mut EncoderCache, op: &Op) -> Result<(), String> {
                 disable_chunked_mm_input: computed % 2 == 0,
             };
             let remote = |key: &encoder_cache::Key| Ok::<bool, StepError>(key.ends_with('5'));
-            if let Ok(out) = try_schedule(cache, &id, &items, args, &mut { remote }) {
-                let _ = allocate_inputs(cache, &id, &items, &out.to_encode, &out.repeated);
+            if let Ok(out) = try_schedule(cache, &id, items.as_slice(), args, &mut { remote }) {
+                let _ = allocate_inputs(cache, &id, items.as_slice(), &out.to_encode, &out.repeated);
             }
             false
         }
         Op::FreeBefore { request, position } => {
-            let _ = free_inputs_before(cache, &request_name(request), &items(request), position, false);
+            let _ = free_inputs_before(cache, &request_name(request), items(request).as_slice(), position, false);
             false
         }
         Op::Reset => {
