@@ -10,7 +10,7 @@ use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::request::{count, identifier, input_index, num_embeds, num_features, request_id};
 use super::state::{encoder_decoder_state_from_dict, encoder_decoder_state_to_dict};
-use super::step::{ItemRecords, StepRequest};
+use super::step::{self, ItemRecords, StepManager, StepRequest};
 use crate::encoder_decoder::EncoderDecoderCache;
 use crate::step::StepArgs;
 
@@ -18,6 +18,18 @@ use crate::step::StepArgs;
 pub struct PyEncoderDecoderCacheManager {
     cache: EncoderDecoderCache,
     records: ItemRecords,
+}
+
+impl StepManager for PyEncoderDecoderCacheManager {
+    type Cache = EncoderDecoderCache;
+
+    fn records(&self) -> &ItemRecords {
+        &self.records
+    }
+
+    fn parts(&mut self) -> (&mut EncoderDecoderCache, &mut ItemRecords) {
+        (&mut self.cache, &mut self.records)
+    }
 }
 
 #[pymethods]
@@ -157,13 +169,7 @@ impl PyEncoderDecoderCacheManager {
             shift_computed_tokens,
             disable_chunked_mm_input,
         };
-        let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
-        req.load_window::<EncoderDecoderCache>(args)?;
-        let out = {
-            let this = &mut *slf.try_borrow_mut()?;
-            req.try_schedule(&mut this.cache, &mut this.records, args, has_remote_item)?
-        };
-        req.result(out, on_mismatch)
+        step::try_schedule_encoder_inputs(slf, request, args, has_remote_item, on_mismatch)
     }
 
     fn allocate_encoder_inputs(
@@ -172,10 +178,7 @@ impl PyEncoderDecoderCacheManager {
         input_ids: Vec<i64>,
         duplicate_input_ids: Vec<i64>,
     ) -> PyResult<()> {
-        let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
-        let (input_ids, repeated) = req.load_inputs(input_ids, duplicate_input_ids)?;
-        let this = &mut *slf.try_borrow_mut()?;
-        req.allocate(&mut this.cache, &mut this.records, &input_ids, &repeated)
+        step::allocate_encoder_inputs(slf, request, input_ids, duplicate_input_ids)
     }
 
     fn free_encoder_inputs_before(

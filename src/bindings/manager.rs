@@ -7,7 +7,7 @@ use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::request::{count, identifier, input_index, num_embeds, request_id};
 use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
-use super::step::{ItemRecords, StepRequest};
+use super::step::{self, ItemRecords, StepManager, StepRequest};
 use crate::cache::{CacheError, EncoderCache};
 use crate::step::StepArgs;
 
@@ -20,6 +20,18 @@ pub struct PyEncoderCacheManager {
 impl From<CacheError> for PyErr {
     fn from(err: CacheError) -> PyErr {
         PyValueError::new_err(err.to_string())
+    }
+}
+
+impl StepManager for PyEncoderCacheManager {
+    type Cache = EncoderCache;
+
+    fn records(&self) -> &ItemRecords {
+        &self.records
+    }
+
+    fn parts(&mut self) -> (&mut EncoderCache, &mut ItemRecords) {
+        (&mut self.cache, &mut self.records)
     }
 }
 
@@ -221,13 +233,7 @@ impl PyEncoderCacheManager {
             shift_computed_tokens,
             disable_chunked_mm_input,
         };
-        let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
-        req.load_window::<EncoderCache>(args)?;
-        let out = {
-            let this = &mut *slf.try_borrow_mut()?;
-            req.try_schedule(&mut this.cache, &mut this.records, args, has_remote_item)?
-        };
-        req.result(out, on_mismatch)
+        step::try_schedule_encoder_inputs(slf, request, args, has_remote_item, on_mismatch)
     }
 
     fn allocate_encoder_inputs(
@@ -236,10 +242,7 @@ impl PyEncoderCacheManager {
         input_ids: Vec<i64>,
         duplicate_input_ids: Vec<i64>,
     ) -> PyResult<()> {
-        let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
-        let (input_ids, repeated) = req.load_inputs(input_ids, duplicate_input_ids)?;
-        let this = &mut *slf.try_borrow_mut()?;
-        req.allocate(&mut this.cache, &mut this.records, &input_ids, &repeated)
+        step::allocate_encoder_inputs(slf, request, input_ids, duplicate_input_ids)
     }
 
     fn free_encoder_inputs_before(

@@ -310,3 +310,42 @@ fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u6
     };
     Ok(Item::new(Arc::from(identifier.to_str()?), offset, length, num_embeds, mask.as_deref()))
 }
+
+/// A manager class with the step-level methods: its cache and its item records.
+pub(crate) trait StepManager: pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::False> {
+    type Cache: StepCache;
+    fn records(&self) -> &ItemRecords;
+    fn parts(&mut self) -> (&mut Self::Cache, &mut ItemRecords);
+}
+
+/// `try_schedule_encoder_inputs` of either manager class.
+pub(crate) fn try_schedule_encoder_inputs<'py, M: StepManager>(
+    slf: &Bound<'py, M>,
+    request: &Bound<'py, PyAny>,
+    args: StepArgs,
+    has_remote_item: Option<&Bound<'py, PyAny>>,
+    on_mismatch: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records().known(request, id)))?;
+    req.load_window::<M::Cache>(args)?;
+    let out = {
+        let mut this = slf.try_borrow_mut()?;
+        let (cache, records) = this.parts();
+        req.try_schedule(cache, records, args, has_remote_item)?
+    };
+    req.result(out, on_mismatch)
+}
+
+/// `allocate_encoder_inputs` of either manager class.
+pub(crate) fn allocate_encoder_inputs<M: StepManager>(
+    slf: &Bound<'_, M>,
+    request: &Bound<'_, PyAny>,
+    input_ids: Vec<i64>,
+    duplicate_input_ids: Vec<i64>,
+) -> PyResult<()> {
+    let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records().known(request, id)))?;
+    let (input_ids, repeated) = req.load_inputs(input_ids, duplicate_input_ids)?;
+    let mut this = slf.try_borrow_mut()?;
+    let (cache, records) = this.parts();
+    req.allocate(cache, records, &input_ids, &repeated)
+}
