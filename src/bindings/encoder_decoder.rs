@@ -8,6 +8,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
+use super::key_list;
 use super::request::{count, identifier, input_index, num_embeds, num_features, request_id};
 use super::state::{encoder_decoder_state_from_dict, encoder_decoder_state_to_dict};
 use super::step::{self, ItemRecords, StepManager, StepRequest};
@@ -114,7 +115,7 @@ impl PyEncoderDecoderCacheManager {
 
     fn get_freed_mm_hashes<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
         let freed = slf.try_borrow_mut()?.cache.take_freed();
-        PyList::new(slf.py(), freed.iter().map(|k| &**k))
+        key_list(slf.py(), &freed)
     }
 
     fn get_manager_metadata(&self) -> Option<Py<PyAny>> {
@@ -134,13 +135,13 @@ impl PyEncoderDecoderCacheManager {
     /// Snapshot: identifiers allocated since the last `get_freed_mm_hashes()`.
     #[getter]
     fn allocated<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.cache.allocated().iter().map(|k| &**k))
+        key_list(py, self.cache.allocated())
     }
 
     /// Snapshot: identifiers the next `get_freed_mm_hashes()` returns.
     #[getter]
     fn to_free<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.cache.to_free().iter().map(|k| &**k))
+        key_list(py, self.cache.to_free())
     }
 
     // Step-level API: vLLM's per-item scheduler loops as one call per request

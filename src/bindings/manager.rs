@@ -5,6 +5,7 @@ use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
+use super::key_list;
 use super::request::{count, identifier, input_index, num_embeds, request_id};
 use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
 use super::step::{self, ItemRecords, StepManager, StepRequest};
@@ -125,7 +126,7 @@ impl PyEncoderCacheManager {
 
     fn get_freed_mm_hashes<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
         let freed = slf.try_borrow_mut()?.cache.take_freed();
-        PyList::new(slf.py(), freed.iter().map(|k| &**k))
+        key_list(slf.py(), &freed)
     }
 
     fn get_manager_metadata(&self) -> Option<Py<PyAny>> {
@@ -204,7 +205,7 @@ impl PyEncoderCacheManager {
     /// Snapshot: identifiers evicted since the last `get_freed_mm_hashes()`.
     #[getter]
     fn freed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.cache.freed().iter().map(|k| &**k))
+        key_list(py, self.cache.freed())
     }
 
     // Step-level API: vLLM's per-item scheduler loops as one call per request

@@ -9,6 +9,14 @@ mod state;
 mod step;
 
 use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use crate::cache::Key;
+
+/// Identifiers as a Python list of str, in the given order.
+pub(crate) fn key_list<'py>(py: Python<'py>, keys: &[Key]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, keys.iter().map(|k| &**k))
+}
 
 /// Test hook, private: panics on purpose, so a test can prove that a Rust
 /// panic surfaces as a Python exception (pyo3's PanicException, the release
