@@ -163,6 +163,10 @@ impl FromIterator<Key> for Referrers {
 pub struct RequestRefs {
     pub inputs: HashMap<usize, Key>,
     pub occurrences: HashMap<Key, u32>,
+    /// Changes with every change to `inputs`, and is never reused by the same
+    /// cache, so a copy of `inputs` made at one generation can be reused
+    /// while it stays current (the bindings keep the Python set they return).
+    pub generation: u64,
 }
 
 /// The encoder-cache manager's state, with vLLM 0.33's semantics.
@@ -177,6 +181,8 @@ pub struct EncoderCache {
     requests: HashMap<Key, RequestRefs>,
     /// Evicted since the last `take_freed`, in eviction order.
     freed: Vec<Key>,
+    /// The last generation given to a request's inputs.
+    generation: u64,
 }
 
 impl EncoderCache {
@@ -189,6 +195,7 @@ impl EncoderCache {
             freeable: LinkedHashMap::new(),
             requests: HashMap::new(),
             freed: Vec::new(),
+            generation: 0,
         }
     }
 
@@ -253,7 +260,7 @@ impl EncoderCache {
         }
         let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
         entry.referrers.insert(request_key);
-        Self::add_occurrence(refs, input_id, key.clone());
+        Self::add_occurrence(refs, &mut self.generation, input_id, key.clone());
         Ok(true)
     }
 
@@ -324,13 +331,20 @@ impl EncoderCache {
     }
 
     /// Reserve space for a newly encoded item, referenced by `request_id` at
-    /// `input_id`. On error nothing changes.
-    pub fn allocate(&mut self, request_id: &str, input_id: usize, identifier: &str, num_embeds: u64) -> Result<(), CacheError> {
-        self.check_allocate(identifier, num_embeds)?;
-        self.check_input(request_id, input_id, identifier)?;
-        let key: Key = Arc::from(identifier);
+    /// `input_id`. On error nothing changes. A [`Key`] the caller already has
+    /// is shared rather than copied.
+    pub fn allocate(
+        &mut self,
+        request_id: &str,
+        input_id: usize,
+        identifier: impl AsRef<str> + Into<Key>,
+        num_embeds: u64,
+    ) -> Result<(), CacheError> {
+        self.check_allocate(identifier.as_ref(), num_embeds)?;
+        self.check_input(request_id, input_id, identifier.as_ref())?;
+        let key: Key = identifier.into();
         let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
-        Self::add_occurrence(refs, input_id, key.clone());
+        Self::add_occurrence(refs, &mut self.generation, input_id, key.clone());
         self.entries.insert(key, Entry { num_embeds, referrers: Referrers::One(request_key) });
         self.num_free_slots -= num_embeds;
         self.num_freeable_slots -= num_embeds;
@@ -340,6 +354,11 @@ impl EncoderCache {
     /// The input positions `request_id` holds cached.
     pub fn cached_input_ids(&self, request_id: &str) -> Option<&HashMap<usize, Key>> {
         self.requests.get(request_id).map(|r| &r.inputs)
+    }
+
+    /// What `request_id` holds, with the generation of its inputs.
+    pub fn request(&self, request_id: &str) -> Option<&RequestRefs> {
+        self.requests.get(request_id)
     }
 
     /// Whether `request_id` holds `input_id` cached.
@@ -358,6 +377,7 @@ impl EncoderCache {
         let Some(identifier) = refs.inputs.remove(&input_id) else {
             return false;
         };
+        refs.generation = Self::next_generation(&mut self.generation);
         let last_occurrence = Self::drop_occurrence(&mut refs.occurrences, &identifier);
         if refs.inputs.is_empty() {
             self.requests.remove(request_id);
@@ -372,7 +392,7 @@ impl EncoderCache {
     /// request). Positions are walked in ascending order, so entries become
     /// evictable in the order of their last occurrence.
     pub fn free(&mut self, request_id: &str) {
-        let Some(RequestRefs { inputs, mut occurrences }) = self.requests.remove(request_id) else {
+        let Some(RequestRefs { inputs, mut occurrences, .. }) = self.requests.remove(request_id) else {
             return;
         };
         let mut inputs: Vec<(usize, Key)> = inputs.into_iter().collect();
@@ -428,11 +448,17 @@ impl EncoderCache {
         (entry.key().clone(), entry.into_mut())
     }
 
-    fn add_occurrence(refs: &mut RequestRefs, input_id: usize, identifier: Key) {
+    fn add_occurrence(refs: &mut RequestRefs, generation: &mut u64, input_id: usize, identifier: Key) {
         if let hashbrown::hash_map::Entry::Vacant(slot) = refs.inputs.entry(input_id) {
             *refs.occurrences.entry(identifier.clone()).or_insert(0) += 1;
             slot.insert(identifier);
+            refs.generation = Self::next_generation(generation);
         }
+    }
+
+    fn next_generation(generation: &mut u64) -> u64 {
+        *generation += 1;
+        *generation
     }
 }
 
@@ -526,7 +552,7 @@ mod tests {
         cache.free("r1");
         assert!(cache.can_allocate(10, 10, 0));
         cache.reset();
-        assert_eq!(format!("{cache:?}"), format!("{:?}", EncoderCache::new(10)));
+        assert_eq!(cache.snapshot(), EncoderCache::new(10).snapshot());
     }
 
     #[test]

@@ -218,7 +218,7 @@ impl StepCache for EncoderCache {
     }
 
     fn allocate(&mut self, request_id: &str, input_id: usize, item: &Item) -> Result<(), CacheError> {
-        EncoderCache::allocate(self, request_id, input_id, &item.identifier, item.num_embeds)
+        EncoderCache::allocate(self, request_id, input_id, item.identifier.clone(), item.num_embeds)
     }
 
     fn held_inputs(&self, request_id: &str, _num_items: usize) -> impl Iterator<Item = usize> + '_ {

@@ -11,7 +11,8 @@ use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 use super::key_list;
 use super::request::{count, identifier, input_index, num_embeds, num_features, request_id};
 use super::state::{encoder_decoder_state_from_dict, encoder_decoder_state_to_dict};
-use super::step::{self, ItemRecords, StepManager, StepRequest};
+use super::records::ItemRecords;
+use super::step::{self, StepManager, StepRequest};
 use crate::encoder_decoder::EncoderDecoderCache;
 use crate::step::StepArgs;
 

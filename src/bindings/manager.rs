@@ -1,14 +1,15 @@
 //! `EncoderCacheManager`: vLLM 0.33's Python API over [`EncoderCache`].
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::key_list;
+use super::records::{CallInput, ItemRecords};
 use super::request::{count, identifier, input_index, num_embeds, request_id};
 use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
-use super::step::{self, ItemRecords, StepManager, StepRequest};
+use super::step::{self, StepManager, StepRequest};
 use crate::cache::{CacheError, EncoderCache};
 use crate::step::StepArgs;
 
@@ -62,9 +63,11 @@ impl PyEncoderCacheManager {
 
     fn check_and_update_cache(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<bool> {
         let input_id = input_index(input_id)?;
-        let item = identifier(request, input_id)?;
-        let req = request_id(request)?;
-        let hit = slf.try_borrow_mut()?.cache.check_and_update_cache(req.to_str()?, input_id, item.to_str()?)?;
+        let mut input = CallInput::read(slf, request, input_id)?;
+        let item = input.identifier()?;
+        let mut this = slf.try_borrow_mut()?;
+        let hit = this.cache.check_and_update_cache(input.request_id()?, input_id, &item)?;
+        input.remember(&mut this.records)?;
         Ok(hit)
     }
 
@@ -81,25 +84,37 @@ impl PyEncoderCacheManager {
         encoder_compute_budget: i64,
         num_embeds_to_schedule: i64,
     ) -> PyResult<bool> {
-        let n = num_embeds(request, input_index(input_id)?)?;
-        let fits = slf.try_borrow_mut()?.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule);
+        let input_id = input_index(input_id)?;
+        // vLLM reads only the size here: a request the records cannot place
+        // (no request id, no such feature) is asked for it directly.
+        let (n, input) = match CallInput::read(slf, request, input_id) {
+            Ok(mut input) => (input.num_embeds()?, Some(input)),
+            Err(err) if err.is_instance_of::<PyException>(slf.py()) => (num_embeds(request, input_id)?, None),
+            Err(err) => return Err(err),
+        };
+        let mut this = slf.try_borrow_mut()?;
+        let fits = this.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule);
+        if let Some(input) = input {
+            input.remember(&mut this.records)?;
+        }
         Ok(fits)
     }
 
     fn allocate(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let input_id = input_index(input_id)?;
-        let item = identifier(request, input_id)?;
-        let req = request_id(request)?;
-        let n = num_embeds(request, input_id)?;
-        slf.try_borrow_mut()?.cache.allocate(req.to_str()?, input_id, item.to_str()?, n)?;
-        Ok(())
+        let mut input = CallInput::read(slf, request, input_id)?;
+        let (item, n) = (input.identifier()?, input.num_embeds()?);
+        let mut this = slf.try_borrow_mut()?;
+        this.cache.allocate(input.request_id()?, input_id, item, n)?;
+        input.remember(&mut this.records)
     }
 
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let req = request_id(request)?;
-        let this = slf.try_borrow()?;
-        match this.cache.cached_input_ids(req.to_str()?) {
-            Some(inputs) => PySet::new(slf.py(), inputs.keys()),
+        let req = req.to_str()?;
+        let this = &mut *slf.try_borrow_mut()?;
+        match this.cache.request(req) {
+            Some(refs) => this.records.input_set(request, req, refs.generation, refs.inputs.keys()),
             None => PySet::empty(slf.py()),
         }
     }

@@ -4,6 +4,7 @@
 mod encoder_decoder;
 mod floor;
 mod manager;
+mod records;
 mod request;
 mod state;
 mod step;

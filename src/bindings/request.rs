@@ -33,7 +33,7 @@ pub(crate) fn num_features(request: &Bound<'_, PyAny>) -> PyResult<usize> {
     request.getattr(intern!(request.py(), "mm_features"))?.len()
 }
 
-fn feature<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn feature<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Bound<'py, PyAny>> {
     let features = request.getattr(intern!(request.py(), "mm_features"))?;
     if let Ok(list) = features.cast::<PyList>() {
         if input_id >= list.len() {
@@ -48,8 +48,12 @@ fn feature<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Bound<
 }
 
 pub(crate) fn identifier<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Bound<'py, PyString>> {
-    let feature = feature(request, input_id)?;
-    expect_str(feature.getattr(intern!(request.py(), "identifier"))?, "mm_features[i].identifier")
+    identifier_of(&feature(request, input_id)?)
+}
+
+/// `feature.identifier`, for a feature already taken from `mm_features`.
+pub(crate) fn identifier_of<'py>(feature: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
+    expect_str(feature.getattr(intern!(feature.py(), "identifier"))?, "mm_features[i].identifier")
 }
 
 /// A count of embeddings or slots: a non-negative int.

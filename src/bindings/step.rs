@@ -18,14 +18,13 @@
 
 use std::sync::Arc;
 
-use hashbrown::HashMap;
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
-use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use super::request::{count, expect_str, input_index, request_id};
+use super::records::ItemRecords;
 use crate::cache::Key;
 use crate::step::{self, Item, Items, Scheduled, StepArgs, StepCache, StepError};
 
@@ -64,42 +63,6 @@ impl Items for [Slot] {
             Some(Slot::Position { .. }) => Err(StepError::NotRead { input_id }),
             None => Err(StepError::InputOutOfRange { input_id, num_items: self.len() }),
         }
-    }
-}
-
-struct Known {
-    /// Held so that identity says whether the records are still this request's.
-    request: Py<PyAny>,
-    items: Arc<[Slot]>,
-}
-
-/// Item records per request id, until `free(request)` or `reset()`.
-#[derive(Default)]
-pub(crate) struct ItemRecords {
-    by_request: HashMap<Key, Known>,
-}
-
-impl ItemRecords {
-    /// The records of `request_id`, if they were read from this very object.
-    pub(crate) fn known(&self, request: &Bound<'_, PyAny>, request_id: &str) -> Option<Arc<[Slot]>> {
-        let known = self.by_request.get(request_id)?;
-        known.request.is(request).then(|| known.items.clone())
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.by_request.is_empty()
-    }
-
-    pub(crate) fn forget(&mut self, request_id: &str) {
-        self.by_request.remove(request_id);
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.by_request.clear();
-    }
-
-    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        self.by_request.values().try_for_each(|known| visit.call(&known.request))
     }
 }
 
@@ -199,8 +162,7 @@ impl<'py> StepRequest<'py> {
     fn remember(&self, records: &mut ItemRecords) -> PyResult<&str> {
         let id = self.id.to_str()?;
         if self.fresh {
-            let known = Known { request: self.request.clone().unbind(), items: self.items.clone() };
-            records.by_request.insert(Arc::from(id), known);
+            records.remember_slots(&self.request, id, self.items.clone());
         }
         Ok(id)
     }

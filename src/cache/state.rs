@@ -223,7 +223,7 @@ impl EncoderCache {
             .map(|(request, held)| {
                 let inputs = held.inputs.iter().map(|(i, item)| (*i, key(item))).collect();
                 let occurrences = held.occurrences.iter().map(|(item, n)| (key(item), *n)).collect();
-                (key(request), RequestRefs { inputs, occurrences })
+                (key(request), RequestRefs { inputs, occurrences, generation: 0 })
             })
             .collect();
         let freed = state.freed.iter().map(|item| key(item)).collect();
@@ -235,6 +235,7 @@ impl EncoderCache {
             freeable,
             requests,
             freed,
+            generation: 0,
         })
     }
 }

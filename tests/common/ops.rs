@@ -68,7 +68,7 @@ pub fn apply(cache: &mut EncoderCache, op: &Op) -> Result<(), String> {
         }
         Op::Allocate { request, input, item, size } => {
             let size = size.unwrap_or(item_size(item));
-            cache.allocate(&request_name(request), input, &item_name(item), size).is_err()
+            cache.allocate(&request_name(request), input, item_name(item).as_str(), size).is_err()
         }
         Op::FreeInput { request, input } => {
             cache.free_encoder_input(&request_name(request), input);
