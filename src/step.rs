@@ -333,7 +333,9 @@ pub fn try_schedule<C: StepCache, I: Items + ?Sized, E: From<StepError>>(
     let mut scheduled: HashMap<&str, u64> = HashMap::new();
     let mut embeds_to_schedule: u64 = 0;
 
-    for input_id in window(items, args, C::ENCODER_DECODER) {
+    let window = window(items, args, C::ENCODER_DECODER);
+    let window_end_id = window.end;
+    for input_id in window {
         let item = items.item(input_id)?;
         let start = i128::from(item.offset);
         let length = i128::from(item.length);
@@ -387,6 +389,9 @@ pub fn try_schedule<C: StepCache, I: Items + ?Sized, E: From<StepError>>(
             .ok_or(StepError::EmbedRange { input_id, start: first, end: last, length: item.length })?;
         if embeds_first == embeds_last {
             continue; // only break or text tokens of the item fall in this step
+        }
+        if scheduled.is_empty() {
+            scheduled.reserve(window_end_id - input_id); // no regrowth, and no allocation for a step of hits
         }
         scheduled.insert(&item.identifier, item.num_embeds);
         embeds_to_schedule = embeds_to_schedule.saturating_add(item.num_embeds);

@@ -12,7 +12,7 @@ use super::key_list;
 use super::request::{count, identifier, input_index, num_embeds, num_features, request_id};
 use super::state::{encoder_decoder_state_from_dict, encoder_decoder_state_to_dict};
 use super::records::ItemRecords;
-use super::step::{self, StepManager, StepRequest};
+use super::step::{self, StepManager};
 use crate::encoder_decoder::EncoderDecoderCache;
 use crate::step::StepArgs;
 
@@ -189,12 +189,12 @@ impl PyEncoderDecoderCacheManager {
         position: i64,
     ) -> PyResult<Vec<usize>> {
         let decoder_started = request.getattr(intern!(request.py(), "num_computed_tokens"))?.extract::<i64>()? > 0;
-        let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
-        // Frees by size: read the sizes first, with the manager not borrowed.
-        let to_free = req.to_free(&slf.try_borrow()?.cache, position, decoder_started)?;
-        req.load(to_free)?;
-        let this = &mut *slf.try_borrow_mut()?;
-        req.free_before(&mut this.cache, &mut this.records, position, decoder_started)
+        step::with_request(slf, request, |req| {
+            // Frees by size: read the sizes first, with the manager not borrowed.
+            let to_free = req.to_free(&slf.try_borrow()?.cache, position, decoder_started)?;
+            req.load(to_free)?;
+            req.free_before(&mut slf.try_borrow_mut()?.cache, position, decoder_started)
+        })
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

@@ -9,7 +9,7 @@ use super::key_list;
 use super::records::{CallInput, ItemRecords};
 use super::request::{count, identifier, input_index, num_embeds, request_id};
 use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
-use super::step::{self, StepManager, StepRequest};
+use super::step::{self, StepManager};
 use crate::cache::{CacheError, EncoderCache};
 use crate::step::StepArgs;
 
@@ -266,9 +266,7 @@ impl PyEncoderCacheManager {
         request: &Bound<'_, PyAny>,
         position: i64,
     ) -> PyResult<Vec<usize>> {
-        let req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records.known(request, id)))?;
-        let this = &mut *slf.try_borrow_mut()?;
-        req.free_before(&mut this.cache, &mut this.records, position, false)
+        step::with_request(slf, request, |req| req.free_before(&mut slf.try_borrow_mut()?.cache, position, false))
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

@@ -15,8 +15,6 @@
 //! vLLM request never changes an item once it is in `mm_features`; replacing
 //! the item object is seen at once.
 
-use std::sync::Arc;
-
 use hashbrown::hash_map::EntryRef;
 use hashbrown::HashMap;
 use pyo3::ffi;
@@ -38,7 +36,7 @@ struct CallItem {
 struct Known {
     request: Py<PyAny>,
     /// The step-level methods' records (see `step`).
-    slots: Option<Arc<[Slot]>>,
+    slots: Vec<Slot>,
     /// The per-call methods' records, by input id.
     calls: Vec<Option<CallItem>>,
     /// The set `get_cached_input_ids` returns copies of, and the generation of
@@ -48,7 +46,7 @@ struct Known {
 
 impl Known {
     fn new(request: &Bound<'_, PyAny>) -> Self {
-        Self { request: request.clone().unbind(), slots: None, calls: Vec::new(), input_set: None }
+        Self { request: request.clone().unbind(), slots: Vec::new(), calls: Vec::new(), input_set: None }
     }
 }
 
@@ -97,13 +95,17 @@ impl ItemRecords {
         self.sweep_at = (2 * self.by_request.len()).max(MIN_SWEEP);
     }
 
-    /// The step-level records of `request_id`, if read from this very object.
-    pub(crate) fn known(&self, request: &Bound<'_, PyAny>, request_id: &str) -> Option<Arc<[Slot]>> {
-        self.get(request, request_id)?.slots.clone()
+    /// The step-level records of `request_id` if read from this very object,
+    /// taken out for a call to update (and give back with [`Self::keep_slots`]).
+    pub(crate) fn take_slots(&mut self, request: &Bound<'_, PyAny>, request_id: &str) -> Vec<Slot> {
+        match self.by_request.get_mut(request_id) {
+            Some(known) if known.request.is(request) => std::mem::take(&mut known.slots),
+            _ => Vec::new(),
+        }
     }
 
-    pub(crate) fn remember_slots(&mut self, request: &Bound<'_, PyAny>, request_id: &str, slots: Arc<[Slot]>) {
-        self.entry(request, request_id).slots = Some(slots);
+    pub(crate) fn keep_slots(&mut self, request: &Bound<'_, PyAny>, request_id: &str, slots: Vec<Slot>) {
+        self.entry(request, request_id).slots = slots;
     }
 
     /// A copy of the set of `inputs` at `generation`, built once per generation.

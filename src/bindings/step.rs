@@ -42,7 +42,7 @@ impl From<StepError> for PyErr {
 #[derive(Clone)]
 pub(crate) enum Slot {
     Position { offset: u64, length: u64 },
-    Read(Arc<Item>),
+    Read(Box<Item>),
 }
 
 impl Items for [Slot] {
@@ -75,49 +75,40 @@ pub(crate) struct StepRequest<'py> {
     /// `(feature, mm_position)`: reading their details needs no new look-up.
     seen: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
     first_seen: usize,
-    items: Arc<[Slot]>,
-    /// Records read in this call, to be kept by [`StepRequest::remember`].
-    fresh: bool,
+    /// The request's records, taken from the manager for the call and given
+    /// back by [`with_request`]: updated in place, never copied.
+    items: Vec<Slot>,
 }
 
 impl<'py> StepRequest<'py> {
     /// Reads the request id and the positions of the items not yet recorded.
-    /// `records` is called once, to look at the stored records, and its borrow
-    /// ends before any of the request's own code runs.
-    pub(crate) fn read(
-        request: &Bound<'py, PyAny>,
-        records: impl FnOnce(&str) -> PyResult<Option<Arc<[Slot]>>>,
-    ) -> PyResult<Self> {
+    /// `take_records` is called once, to take the stored records, and its
+    /// borrow ends before any of the request's own code runs.
+    fn read(request: &Bound<'py, PyAny>, take_records: impl FnOnce(&str) -> PyResult<Vec<Slot>>) -> PyResult<Self> {
         let id = request_id(request)?;
         let features = request.getattr(intern!(request.py(), "mm_features"))?;
         let num_items = features.len()?;
-        let known = records(id.to_str()?)?.filter(|items| items.len() <= num_items);
-        let mut seen = Vec::new();
-        let (items, first_seen, fresh) = match known {
-            Some(items) if items.len() == num_items => (items, num_items, false),
-            known => {
-                let mut items: Vec<Slot> = known.map(|items| items.to_vec()).unwrap_or_default();
-                let first_seen = items.len();
-                for i in first_seen..num_items {
-                    let feature = features.get_item(i)?;
-                    let position = feature.getattr(intern!(request.py(), "mm_position"))?;
-                    items.push(read_position(&position)?);
-                    seen.push((feature, position));
-                }
-                (Arc::from(items), first_seen, true)
-            }
-        };
-        Ok(Self { request: request.clone(), id, features, seen, first_seen, items, fresh })
+        let mut items = take_records(id.to_str()?)?;
+        if items.len() > num_items {
+            items.clear(); // items were removed: start over
+        }
+        let first_seen = items.len();
+        let mut seen = Vec::with_capacity(num_items - first_seen);
+        for i in first_seen..num_items {
+            let feature = features.get_item(i)?;
+            let position = feature.getattr(intern!(request.py(), "mm_position"))?;
+            items.push(read_position(&position)?);
+            seen.push((feature, position));
+        }
+        Ok(Self { request: request.clone(), id, features, seen, first_seen, items })
     }
 
     /// Reads the rest of `input_ids` not read yet. Ids past the last item are
     /// left for the step functions to report.
     pub(crate) fn load(&mut self, input_ids: impl IntoIterator<Item = usize>) -> PyResult<()> {
-        let mut updated: Option<Vec<Slot>> = None;
         for input_id in input_ids {
             // An id may come twice (in both lists of an allocation): read it once.
-            let slots = updated.as_deref().unwrap_or(&self.items);
-            let Some(&Slot::Position { offset, length }) = slots.get(input_id) else {
+            let Some(&Slot::Position { offset, length }) = self.items.get(input_id) else {
                 continue;
             };
             let seen = input_id.checked_sub(self.first_seen).and_then(|i| self.seen.get(i));
@@ -129,19 +120,14 @@ impl<'py> StepRequest<'py> {
                     (feature, position)
                 }
             };
-            let item = read_item(&feature, &position, offset, length)?;
-            updated.get_or_insert_with(|| self.items.to_vec())[input_id] = Slot::Read(Arc::new(item));
-        }
-        if let Some(items) = updated {
-            self.items = Arc::from(items);
-            self.fresh = true;
+            self.items[input_id] = Slot::Read(Box::new(read_item(&feature, &position, offset, length)?));
         }
         Ok(())
     }
 
     /// Reads the items a step with `args` looks at.
     pub(crate) fn load_window<C: StepCache>(&mut self, args: StepArgs) -> PyResult<()> {
-        self.load(step::window(&*self.items, args, C::ENCODER_DECODER))
+        self.load(step::window(self.items.as_slice(), args, C::ENCODER_DECODER))
     }
 
     /// Reads the items to allocate and to take hits for, given as Python ids.
@@ -155,56 +141,32 @@ impl<'py> StepRequest<'py> {
     /// The held inputs [`StepRequest::free_before`] would free: the items to
     /// [`StepRequest::load`] first for a cache that frees by size.
     pub(crate) fn to_free<C: StepCache>(&self, cache: &C, position: i64, decoder_started: bool) -> PyResult<Vec<usize>> {
-        Ok(step::inputs_to_free(cache, self.id.to_str()?, &*self.items, position, decoder_started)?)
-    }
-
-    /// Keeps records read in this call, and returns the request id.
-    fn remember(&self, records: &mut ItemRecords) -> PyResult<&str> {
-        let id = self.id.to_str()?;
-        if self.fresh {
-            records.remember_slots(&self.request, id, self.items.clone());
-        }
-        Ok(id)
+        Ok(step::inputs_to_free(cache, self.id.to_str()?, self.items.as_slice(), position, decoder_started)?)
     }
 
     /// [`step::try_schedule`], asking `has_remote_item(identifier)` when given.
-    pub(crate) fn try_schedule<C: StepCache>(
+    fn try_schedule<C: StepCache>(
         &self,
         cache: &mut C,
-        records: &mut ItemRecords,
         args: StepArgs,
         has_remote_item: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Scheduled> {
-        let id = self.remember(records)?;
+        let id = self.id.to_str()?;
         let mut remote = |identifier: &Key| match has_remote_item {
             Some(callback) => callback.call1((&**identifier,))?.is_truthy(),
             None => Ok(false),
         };
-        step::try_schedule(cache, id, &*self.items, args, &mut remote)
+        step::try_schedule(cache, id, self.items.as_slice(), args, &mut remote)
     }
 
     /// [`step::allocate_inputs`], for ids from [`StepRequest::load_inputs`].
-    pub(crate) fn allocate<C: StepCache>(
-        &self,
-        cache: &mut C,
-        records: &mut ItemRecords,
-        input_ids: &[usize],
-        repeated: &[usize],
-    ) -> PyResult<()> {
-        let id = self.remember(records)?;
-        Ok(step::allocate_inputs(cache, id, &*self.items, input_ids, repeated)?)
+    fn allocate<C: StepCache>(&self, cache: &mut C, input_ids: &[usize], repeated: &[usize]) -> PyResult<()> {
+        Ok(step::allocate_inputs(cache, self.id.to_str()?, self.items.as_slice(), input_ids, repeated)?)
     }
 
     /// [`step::free_inputs_before`].
-    pub(crate) fn free_before<C: StepCache>(
-        &self,
-        cache: &mut C,
-        records: &mut ItemRecords,
-        position: i64,
-        decoder_started: bool,
-    ) -> PyResult<Vec<usize>> {
-        let id = self.remember(records)?;
-        Ok(step::free_inputs_before(cache, id, &*self.items, position, decoder_started)?)
+    pub(crate) fn free_before<C: StepCache>(&self, cache: &mut C, position: i64, decoder_started: bool) -> PyResult<Vec<usize>> {
+        Ok(step::free_inputs_before(cache, self.id.to_str()?, self.items.as_slice(), position, decoder_started)?)
     }
 
     /// vLLM's step result tuple; a mismatch is reported to `on_mismatch`
@@ -288,14 +250,11 @@ pub(crate) fn try_schedule_encoder_inputs<'py, M: StepManager>(
     has_remote_item: Option<&Bound<'py, PyAny>>,
     on_mismatch: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records().known(request, id)))?;
-    req.load_window::<M::Cache>(args)?;
-    let out = {
-        let mut this = slf.try_borrow_mut()?;
-        let (cache, records) = this.parts();
-        req.try_schedule(cache, records, args, has_remote_item)?
-    };
-    req.result(out, on_mismatch)
+    with_request(slf, request, |req| {
+        req.load_window::<M::Cache>(args)?;
+        let out = req.try_schedule(slf.try_borrow_mut()?.parts().0, args, has_remote_item)?;
+        req.result(out, on_mismatch)
+    })
 }
 
 /// `allocate_encoder_inputs` of either manager class.
@@ -305,9 +264,25 @@ pub(crate) fn allocate_encoder_inputs<M: StepManager>(
     input_ids: Vec<i64>,
     duplicate_input_ids: Vec<i64>,
 ) -> PyResult<()> {
-    let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow()?.records().known(request, id)))?;
-    let (input_ids, repeated) = req.load_inputs(input_ids, duplicate_input_ids)?;
-    let mut this = slf.try_borrow_mut()?;
-    let (cache, records) = this.parts();
-    req.allocate(cache, records, &input_ids, &repeated)
+    with_request(slf, request, |req| {
+        let (input_ids, repeated) = req.load_inputs(input_ids, duplicate_input_ids)?;
+        req.allocate(slf.try_borrow_mut()?.parts().0, &input_ids, &repeated)
+    })
+}
+
+/// Runs `work` on `request` as read by [`StepRequest::read`], over the
+/// manager's records of it, and gives the records back afterwards, whatever
+/// `work` returned.
+pub(crate) fn with_request<'py, M: StepManager, T>(
+    slf: &Bound<'py, M>,
+    request: &Bound<'py, PyAny>,
+    work: impl FnOnce(&mut StepRequest<'py>) -> PyResult<T>,
+) -> PyResult<T> {
+    let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow_mut()?.parts().1.take_slots(request, id)))?;
+    let out = work(&mut req);
+    // A manager still borrowed (a failed re-entrant call) keeps no records: they are only a cache.
+    if let (Ok(mut this), Ok(id)) = (slf.try_borrow_mut(), req.id.to_str()) {
+        this.parts().1.keep_slots(request, id, std::mem::take(&mut req.items));
+    }
+    out
 }

@@ -1,0 +1,228 @@
+"""The Rust manager's per-call methods keep what they read of an item per
+request object: ``identifier`` and ``get_num_encoder_embeds(i)`` are read once
+while ``mm_features[i]`` stays the same object, and ``get_cached_input_ids``
+copies a set it builds once per change of the request's inputs. These tests
+pin down when the records are used, when they are read afresh, and that they
+never outlive the requests they describe."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+from conftest import make_request, state
+
+import encoder_cache
+from encoder_cache import reference
+from encoder_cache.request import MultiModalFeature, PlaceholderRange
+
+
+class CountingFeature:
+    """A feature that counts reads of its identifier."""
+
+    def __init__(self, identifier: str, offset: int, length: int) -> None:
+        self._identifier = identifier
+        self.mm_position = PlaceholderRange(offset, length)
+        self.identifier_reads = 0
+
+    @property
+    def identifier(self) -> str:
+        self.identifier_reads += 1
+        return self._identifier
+
+
+class CountingRequest:
+    """A request that counts ``get_num_encoder_embeds`` calls per input."""
+
+    def __init__(self, request_id: str, features: list) -> None:
+        self.request_id = request_id
+        self.mm_features = features
+        self.size_calls = [0] * len(features)
+
+    def get_num_encoder_embeds(self, input_id: int) -> int:
+        self.size_calls[input_id] += 1
+        return self.mm_features[input_id].mm_position.get_num_embeds()
+
+
+def schedule_one(manager, request, input_id: int) -> bool:
+    """What vLLM's scheduler does for one item: a hit, or room and an allocation."""
+    if manager.check_and_update_cache(request, input_id):
+        return True
+    assert manager.can_allocate(request, input_id, 100, 0)
+    manager.allocate(request, input_id)
+    return False
+
+
+def test_an_item_is_read_once_per_feature_object() -> None:
+    manager = encoder_cache.EncoderCacheManager(100)
+    features = [CountingFeature("a", 0, 4), CountingFeature("b", 5, 6)]
+    request = CountingRequest("r", features)
+    assert [schedule_one(manager, request, i) for i in range(2)] == [False, False]
+    assert manager.check_and_update_cache(request, 1)  # a held input: a hit
+    assert manager.can_allocate(request, 1, 100, 0)
+    assert [f.identifier_reads for f in features] == [1, 1]
+    assert request.size_calls == [1, 1]
+    assert manager.num_embeds_by_hash == {"a": 4, "b": 6}
+
+
+def test_a_replaced_feature_is_read_again() -> None:
+    manager = encoder_cache.EncoderCacheManager(100)
+    request = CountingRequest("r", [CountingFeature("a", 0, 4)])
+    assert not schedule_one(manager, request, 0)
+    manager.free_encoder_input(request, 0)
+    replacement = CountingFeature("b", 0, 7)
+    request.mm_features[0] = replacement
+    assert not manager.check_and_update_cache(request, 0), "b is not cached: a must not be taken"
+    assert manager.can_allocate(request, 0, 100, 0)
+    manager.allocate(request, 0)
+    assert manager.num_embeds_by_hash == {"a": 4, "b": 7}
+    assert manager.request_hash_refs == {"r": {"b": 1}}
+    assert (replacement.identifier_reads, request.size_calls) == (1, [2])
+
+
+def test_another_object_under_the_same_id_is_read_afresh() -> None:
+    manager = encoder_cache.EncoderCacheManager(100)
+    first = CountingRequest("r", [CountingFeature("a", 0, 4)])
+    assert not schedule_one(manager, first, 0)
+    manager.free(first)
+    second = CountingRequest("r", [CountingFeature("c", 0, 3)])
+    assert not schedule_one(manager, second, 0)
+    assert manager.request_hash_refs == {"r": {"c": 1}}
+    assert second.size_calls == [1]
+
+
+def test_a_grown_feature_list_reads_only_the_new_items() -> None:
+    manager = encoder_cache.EncoderCacheManager(100)
+    features = [CountingFeature("a", 0, 4)]
+    request = CountingRequest("r", features)
+    assert not schedule_one(manager, request, 0)
+    features.append(CountingFeature("b", 5, 2))
+    request.size_calls.append(0)
+    assert not schedule_one(manager, request, 1)
+    assert manager.check_and_update_cache(request, 0)
+    assert [f.identifier_reads for f in features] == [1, 1]
+    assert request.size_calls == [1, 1]
+
+
+class SizeOnly:
+    """Only what vLLM's can_allocate reads: no request id, no features."""
+
+    def get_num_encoder_embeds(self, input_id: int) -> int:
+        return 8
+
+
+@pytest.mark.parametrize("budget, expected", [(8, True), (7, False)])
+def test_can_allocate_asks_a_request_it_cannot_place_for_the_size(budget: int, expected: bool) -> None:
+    managers = [encoder_cache.EncoderCacheManager(10), reference.EncoderCacheManager(10)]
+    assert [m.can_allocate(SizeOnly(), 0, budget, 0) for m in managers] == [expected, expected]
+
+
+def test_can_allocate_does_not_swallow_an_interrupt() -> None:
+    class Interrupting(SizeOnly):
+        mm_features = [MultiModalFeature("a", PlaceholderRange(0, 8))]
+
+        @property
+        def request_id(self) -> str:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        encoder_cache.EncoderCacheManager(10).can_allocate(Interrupting(), 0, 8, 0)
+
+
+def test_get_cached_input_ids_is_a_fresh_set_that_follows_every_change() -> None:
+    rust, python = encoder_cache.EncoderCacheManager(100), reference.EncoderCacheManager(100)
+    request = make_request("r", ["a", "b", "a"], [4, 4, 4])
+    other = make_request("o", ["b"], [4])
+
+    def check() -> None:
+        got = rust.get_cached_input_ids(request)
+        assert type(got) is set
+        assert got == python.get_cached_input_ids(request)
+        got.add(99)  # the caller's copy: the manager must not see this
+        assert 99 not in rust.get_cached_input_ids(request)
+
+    steps = [
+        lambda m: schedule_one(m, request, 0),
+        lambda m: schedule_one(m, request, 1),
+        lambda m: schedule_one(m, other, 0),  # another request's change leaves r's set as it was
+        lambda m: m.check_and_update_cache(request, 2),
+        lambda m: m.free_encoder_input(request, 0),
+        lambda m: m.free(request),
+        lambda m: schedule_one(m, request, 1),
+        lambda m: m.reset(),
+        lambda m: schedule_one(m, request, 2),
+    ]
+    check()
+    for step in steps:
+        step(rust)
+        step(python)
+        check()
+        assert state(rust) == state(python)
+
+
+def test_a_restored_manager_gives_the_restored_input_sets() -> None:
+    manager = encoder_cache.EncoderCacheManager(100)
+    request = make_request("r", ["a", "b"], [4, 4])
+    schedule_one(manager, request, 0)
+    assert manager.get_cached_input_ids(request) == {0}
+    snapshot = manager.snapshot()
+    schedule_one(manager, request, 1)
+    restored = encoder_cache.EncoderCacheManager.restore(snapshot)
+    assert restored.get_cached_input_ids(request) == {0}
+    schedule_one(restored, request, 1)
+    assert restored.get_cached_input_ids(request) == {0, 1}
+
+
+def test_free_lets_the_request_go() -> None:
+    manager = encoder_cache.EncoderCacheManager(100)
+    request = make_request("r", ["a"], [4])
+    schedule_one(manager, request, 0)
+    manager.get_cached_input_ids(request)
+    gone = weakref.ref(request)
+    manager.free(request)
+    del request
+    gc.collect()
+    assert gone() is None
+
+
+def test_records_of_requests_dropped_without_free_do_not_pile_up() -> None:
+    """A caller that never calls free(request): the records of requests it
+    has dropped are swept as new ones come, so the requests are released."""
+    manager = encoder_cache.EncoderCacheManager(10)
+    early = []
+    for n in range(5000):
+        request = make_request(f"r{n}", [f"item{n}"], [4])
+        assert manager.can_allocate(request, 0, 100, 0)
+        assert not manager.check_and_update_cache(request, 0)
+        if n < 100:
+            early.append(weakref.ref(request))
+    del request
+    gc.collect()
+    assert sum(ref() is not None for ref in early) == 0
+
+
+def test_records_of_requests_still_in_use_survive_sweeps() -> None:
+    manager = encoder_cache.EncoderCacheManager(10**6)
+    kept = CountingRequest("kept", [CountingFeature("k", 0, 4)])
+    assert manager.can_allocate(kept, 0, 100, 0)
+    for n in range(5000):  # enough new requests for several sweeps
+        manager.can_allocate(make_request(f"r{n}", [f"item{n}"], [4]), 0, 100, 0)
+    manager.allocate(kept, 0)
+    assert kept.size_calls == [1], "the kept request's size was read again"
+
+
+def test_feature_list_items_are_kept_alive_only_by_the_records() -> None:
+    manager = encoder_cache.EncoderCacheManager(100)
+    feature = MultiModalFeature("a", PlaceholderRange(0, 4))
+    request = make_request("r", [], [])
+    request.mm_features.append(feature)
+    schedule_one(manager, request, 0)
+    gone = weakref.ref(feature)
+    request.mm_features[0] = MultiModalFeature("a", PlaceholderRange(0, 4))
+    del feature
+    gc.collect()
+    assert gone() is not None, "the records hold the feature they read"
+    manager.free(request)
+    gc.collect()
+    assert gone() is None
