@@ -6,7 +6,9 @@
 //! - an item's position (`mm_position.offset` and `.length`), once, when the
 //!   item is first seen: for all items of a request the first time it comes,
 //!   again for all when a different object arrives under the same request id,
-//!   and for the new items when `mm_features` grew (streaming input);
+//!   for the new items when `mm_features` grew (streaming input), and again
+//!   for all after a call that failed while reading positions (which forgets
+//!   the rest of the records too);
 //! - the rest of an item (`identifier`, `mm_position.get_num_embeds()`,
 //!   `mm_position.is_embed`), once, when a call first needs it: the item is in
 //!   the window of `try_schedule_encoder_inputs` ([`step::window`]), is named in
