@@ -161,6 +161,23 @@ def test_get_cached_input_ids_is_a_fresh_set_that_follows_every_change() -> None
         assert state(rust) == state(python)
 
 
+def test_get_cached_input_ids_never_hands_out_a_set_changed_or_still_held() -> None:
+    manager = encoder_cache.EncoderCacheManager(100)
+    request = make_request("r", ["a", "b", "c"], [4, 4, 4])
+    schedule_one(manager, request, 0)
+    changed = manager.get_cached_input_ids(request)
+    changed.discard(0)
+    changed.add(7)  # same size, other contents
+    del changed
+    assert manager.get_cached_input_ids(request) == {0}
+    held = manager.get_cached_input_ids(request)
+    schedule_one(manager, request, 1)
+    assert held == {0}, "a returned set is a snapshot: later changes do not reach it"
+    again = manager.get_cached_input_ids(request)
+    assert again == {0, 1} and again is not held
+    assert manager.get_cached_input_ids(request) is not again, "a set someone holds is not handed out twice"
+
+
 def test_a_restored_manager_gives_the_restored_input_sets() -> None:
     manager = encoder_cache.EncoderCacheManager(100)
     request = make_request("r", ["a", "b"], [4, 4])

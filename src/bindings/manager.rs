@@ -113,8 +113,8 @@ impl PyEncoderCacheManager {
         let req = request_id(request)?;
         let req = req.to_str()?;
         let this = &mut *slf.try_borrow_mut()?;
-        match this.cache.request(req) {
-            Some(refs) => this.records.input_set(request, req, refs.generation, refs.inputs.keys()),
+        match this.cache.cached_input_ids(req) {
+            Some(inputs) => this.records.input_set(request, req, inputs),
             None => PySet::empty(slf.py()),
         }
     }
@@ -209,8 +209,8 @@ impl PyEncoderCacheManager {
         let dict = PyDict::new(py);
         for (req, refs) in self.cache.requests() {
             let counts = PyDict::new(py);
-            for (key, n) in &refs.occurrences {
-                counts.set_item(&**key, *n)?;
+            for (key, n) in refs.occurrences() {
+                counts.set_item(&**key, n)?;
             }
             dict.set_item(&**req, counts)?;
         }

@@ -24,7 +24,7 @@ use pyo3::types::{PySet, PyString};
 
 use super::request::{feature, identifier_of, num_embeds, request_id};
 use super::step::{Slot, StepManager};
-use crate::cache::Key;
+use crate::cache::{shrink_when_sparse, Key};
 
 /// One item as the per-call methods read it, valid while `mm_features[i]` is `feature`.
 struct CallItem {
@@ -39,9 +39,8 @@ struct Known {
     slots: Vec<Slot>,
     /// The per-call methods' records, by input id.
     calls: Vec<Option<CallItem>>,
-    /// The set `get_cached_input_ids` returns copies of, and the generation of
-    /// the request's inputs it holds.
-    input_set: Option<(u64, Py<PySet>)>,
+    /// The set `get_cached_input_ids` returned last (see [`ItemRecords::input_set`]).
+    input_set: Option<Py<PySet>>,
 }
 
 impl Known {
@@ -92,6 +91,7 @@ impl ItemRecords {
     fn sweep(&mut self) {
         // SAFETY: the records hold each request, so the pointer is live.
         self.by_request.retain(|_, known| unsafe { ffi::Py_REFCNT(known.request.as_ptr()) } > 1);
+        shrink_when_sparse(&mut self.by_request);
         self.sweep_at = (2 * self.by_request.len()).max(MIN_SWEEP);
     }
 
@@ -108,28 +108,30 @@ impl ItemRecords {
         self.entry(request, request_id).slots = slots;
     }
 
-    /// A copy of the set of `inputs` at `generation`, built once per generation.
-    pub(crate) fn input_set<'py, 'a>(
+    /// The set of `inputs` (the request's held input ids) for
+    /// `get_cached_input_ids`, as good as a new one. The set built by an
+    /// earlier call is handed out again if no one else holds it any more and
+    /// it still equals `inputs` (its holder may have changed it before letting
+    /// go); otherwise a new one is built, and kept for the next call.
+    pub(crate) fn input_set<'py>(
         &mut self,
         request: &Bound<'py, PyAny>,
         request_id: &str,
-        generation: u64,
-        inputs: impl ExactSizeIterator<Item = &'a usize>,
+        inputs: &HashMap<usize, Key>,
     ) -> PyResult<Bound<'py, PySet>> {
         let py = request.py();
         let known = self.entry(request, request_id);
-        let set = match &known.input_set {
-            Some((built, set)) if *built == generation => set.bind(py).clone(),
-            _ => {
-                let set = PySet::new(py, inputs)?;
-                known.input_set = Some((generation, set.clone().unbind()));
-                set
+        if let Some(kept) = &known.input_set {
+            let kept = kept.bind(py);
+            // SAFETY: the records hold the set, so the pointer is live.
+            let unshared = unsafe { ffi::Py_REFCNT(kept.as_ptr()) } == 1;
+            if unshared && equals(kept, inputs) {
+                return Ok(kept.clone());
             }
-        };
-        // SAFETY: PySet_New returns a new reference or NULL with an exception set.
-        let copy = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PySet_New(set.as_ptr()))? };
-        // SAFETY: PySet_New returns a set.
-        Ok(unsafe { copy.cast_into_unchecked() })
+        }
+        let set = PySet::new(py, inputs.keys())?;
+        known.input_set = Some(set.clone().unbind());
+        Ok(set)
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -138,6 +140,7 @@ impl ItemRecords {
 
     pub(crate) fn forget(&mut self, request_id: &str) {
         self.by_request.remove(request_id);
+        shrink_when_sparse(&mut self.by_request);
     }
 
     pub(crate) fn clear(&mut self) {
@@ -150,7 +153,7 @@ impl ItemRecords {
             for item in known.calls.iter().flatten() {
                 visit.call(&item.feature)?;
             }
-            if let Some((_, set)) = &known.input_set {
+            if let Some(set) = &known.input_set {
                 visit.call(set)?;
             }
         }
@@ -253,5 +256,27 @@ impl<'py> CallInput<'py> {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether `set` holds exactly the ids of `inputs`, read straight from its
+/// hash table: the public API would build an int and hash it for each id.
+fn equals(set: &Bound<'_, PySet>, inputs: &HashMap<usize, Key>) -> bool {
+    if set.len() != inputs.len() {
+        return false;
+    }
+    // SAFETY: `set` is a live set (CPython layout, from pyo3-ffi), the GIL is
+    // held and no Python code runs during the walk, so the table is stable.
+    // Slots are empty (NULL key), removed (hash -1, which no object has), or
+    // hold an object with its hash.
+    unsafe {
+        let set = set.as_ptr().cast::<ffi::PySetObject>();
+        let table = std::slice::from_raw_parts((*set).table, (*set).mask as usize + 1);
+        table.iter().filter(|slot| !slot.key.is_null() && slot.hash != -1).all(|slot| {
+            // An int's hash is its value for the small ints input ids are.
+            ffi::PyLong_CheckExact(slot.key) != 0
+                && usize::try_from(slot.hash).is_ok_and(|id| inputs.contains_key(&id))
+                && ffi::PyLong_AsSsize_t(slot.key) == slot.hash
+        })
     }
 }

@@ -186,7 +186,7 @@ impl EncoderCache {
                 .iter()
                 .map(|(r, refs)| {
                     let inputs = refs.inputs.iter().map(|(i, k)| (*i, k.to_string())).collect();
-                    let occurrences = refs.occurrences.iter().map(|(k, n)| (k.to_string(), *n)).collect();
+                    let occurrences = refs.occurrences().into_iter().map(|(k, n)| (k.to_string(), n)).collect();
                     (r.to_string(), RequestState { inputs, occurrences })
                 })
                 .collect(),
@@ -222,8 +222,8 @@ impl EncoderCache {
             .iter()
             .map(|(request, held)| {
                 let inputs = held.inputs.iter().map(|(i, item)| (*i, key(item))).collect();
-                let occurrences = held.occurrences.iter().map(|(item, n)| (key(item), *n)).collect();
-                (key(request), RequestRefs { inputs, occurrences, generation: 0 })
+                let repeats = held.occurrences.iter().filter(|(_, n)| **n > 1).map(|(item, n)| (key(item), n - 1)).collect();
+                (key(request), RequestRefs { inputs, repeats })
             })
             .collect();
         let freed = state.freed.iter().map(|item| key(item)).collect();
@@ -235,7 +235,6 @@ impl EncoderCache {
             freeable,
             requests,
             freed,
-            generation: 0,
         })
     }
 }
