@@ -324,45 +324,40 @@ impl EncoderCache {
         true
     }
 
-    /// Checks `allocate` would make, without changing anything.
-    pub fn check_allocate(&self, identifier: &str, num_embeds: u64) -> Result<(), CacheError> {
-        if let Some(entry) = self.entries.get(identifier) {
-            if entry.num_embeds != num_embeds {
-                return Err(CacheError::EmbedCountMismatch {
-                    identifier: identifier.to_owned(),
-                    cached: entry.num_embeds,
-                    requested: num_embeds,
+    /// Reserve space for a newly encoded item, referenced by `request_id` at
+    /// `input_id`. On error nothing changes. A [`Key`] the caller already has
+    /// is shared rather than copied.
+    pub fn allocate(&mut self, request_id: &str, input_id: usize, identifier: impl Into<Key>, num_embeds: u64) -> Result<(), CacheError> {
+        let slot = match self.entries.entry(identifier.into()) {
+            hashbrown::hash_map::Entry::Vacant(slot) => slot,
+            hashbrown::hash_map::Entry::Occupied(cached) => {
+                let identifier = cached.key().to_string();
+                return Err(match cached.get().num_embeds {
+                    n if n != num_embeds => CacheError::EmbedCountMismatch { identifier, cached: n, requested: num_embeds },
+                    _ => CacheError::AlreadyCached { identifier },
                 });
             }
-            return Err(CacheError::AlreadyCached { identifier: identifier.to_owned() });
-        }
+        };
         if num_embeds > self.num_free_slots {
             return Err(CacheError::InsufficientSpace {
-                identifier: identifier.to_owned(),
+                identifier: slot.key().to_string(),
                 needed: num_embeds,
                 free: self.num_free_slots,
                 freeable: self.num_freeable_slots,
             });
         }
-        Ok(())
-    }
-
-    /// Reserve space for a newly encoded item, referenced by `request_id` at
-    /// `input_id`. On error nothing changes. A [`Key`] the caller already has
-    /// is shared rather than copied.
-    pub fn allocate(
-        &mut self,
-        request_id: &str,
-        input_id: usize,
-        identifier: impl AsRef<str> + Into<Key>,
-        num_embeds: u64,
-    ) -> Result<(), CacheError> {
-        self.check_allocate(identifier.as_ref(), num_embeds)?;
-        self.check_input(request_id, input_id, identifier.as_ref())?;
-        let key: Key = identifier.into();
+        if let Some(held) = self.requests.get(request_id).and_then(|r| r.inputs.get(&input_id)) {
+            // Not as this item, which is not cached.
+            return Err(CacheError::InputHeld {
+                request_id: request_id.to_owned(),
+                input_id,
+                held: held.to_string(),
+                given: slot.key().to_string(),
+            });
+        }
         let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
-        Self::add_occurrence(refs, input_id, key.clone(), true);
-        self.entries.insert(key, Entry { num_embeds, referrers: Referrers::One(request_key) });
+        Self::add_occurrence(refs, input_id, slot.key().clone(), true);
+        slot.insert(Entry { num_embeds, referrers: Referrers::One(request_key) });
         self.num_free_slots -= num_embeds;
         self.num_freeable_slots -= num_embeds;
         Ok(())

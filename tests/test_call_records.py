@@ -61,9 +61,37 @@ def test_an_item_is_read_once_per_feature_object() -> None:
     assert [schedule_one(manager, request, i) for i in range(2)] == [False, False]
     assert manager.check_and_update_cache(request, 1)  # a held input: a hit
     assert manager.can_allocate(request, 1, 100, 0)
+    assert manager.get_cached_num_encoder_embeds(request, 0) == 4
     assert [f.identifier_reads for f in features] == [1, 1]
     assert request.size_calls == [1, 1]
     assert manager.num_embeds_by_hash == {"a": 4, "b": 6}
+
+
+def test_the_request_id_is_read_once_per_request_object() -> None:
+    class CountingId(CountingRequest):
+        id_reads = 0
+
+        @property  # type: ignore[override]
+        def request_id(self) -> str:
+            CountingId.id_reads += 1
+            return "r"
+
+        @request_id.setter
+        def request_id(self, value: str) -> None:
+            pass
+
+    manager = encoder_cache.EncoderCacheManager(100)
+    request = CountingId("r", [CountingFeature("a", 0, 4), CountingFeature("b", 5, 4)])
+    for i in range(2):
+        schedule_one(manager, request, i)
+    assert manager.get_cached_input_ids(request) == {0, 1}
+    manager.free_encoder_input(request, 0)
+    assert manager.try_schedule_encoder_inputs(request, 0, 10, 100)[0] == []
+    assert CountingId.id_reads == 1
+    manager.free(request)
+    assert manager.request_cached_ids == {}
+    manager.get_cached_input_ids(request)
+    assert CountingId.id_reads == 2, "free(request) forgets the request: its id is read again"
 
 
 def test_a_replaced_feature_is_read_again() -> None:

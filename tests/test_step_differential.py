@@ -78,23 +78,29 @@ def features(draw: st.DrawFn, start: int, count: int, encoder_decoder: bool) -> 
     return items
 
 
-def consistent(items: list[MultiModalFeature], shapes: dict[str, Any]) -> list[MultiModalFeature]:
-    """Mostly one placeholder shape per identifier, as real content hashes give."""
-    out = []
+def consistent(items: list[MultiModalFeature], shapes: dict[str, Any], encoder_decoder: bool) -> list[MultiModalFeature]:
+    """Mostly one placeholder shape per identifier, as real content hashes give.
+    A shape longer than the drawn one moves the items after it, so placeholders
+    never overlap (vLLM's window search relies on that, as ours does); an
+    encoder-decoder model's all sit at 0."""
+    out: list[MultiModalFeature] = []
+    end = 0
     for item in items:
         shape = shapes.setdefault(item.identifier, item.mm_position)
+        offset = 0 if encoder_decoder else max(item.mm_position.offset, end)
         if isinstance(shape, PlaceholderRange):
-            position: Any = PlaceholderRange(item.mm_position.offset, shape.length, shape.is_embed)
+            position: Any = PlaceholderRange(offset, shape.length, shape.is_embed)
         else:
-            position = ArrayPlaceholder(item.mm_position.offset, shape.length, shape.is_embed)
+            position = ArrayPlaceholder(offset, shape.length, shape.is_embed)
         out.append(MultiModalFeature(item.identifier, position))
+        end = offset + shape.length
     return out
 
 
 def new_request(draw: st.DrawFn, n: int, encoder_decoder: bool, shapes: dict[str, Any]) -> Live:
     items = draw(features(draw(st.integers(0, 4)), draw(st.integers(1, 6)), encoder_decoder))
     if draw(st.integers(0, 9)):
-        items = consistent(items, shapes)
+        items = consistent(items, shapes, encoder_decoder)
     end = max(f.mm_position.offset + f.mm_position.length for f in items)
     live = Live(Request(f"r{n}", items), end + draw(st.integers(0, 5)))
     if not encoder_decoder and draw(st.integers(0, 4)) == 0:
@@ -187,7 +193,7 @@ def test_steps_match_the_python_scheduler_loop(kind: str, data: st.DataObject) -
         elif event == "grow" and entry is not None:
             # Streaming input: more items after the prompt so far.
             more = draw(features(entry.prompt_len, draw(st.integers(1, 3)), encoder_decoder))
-            entry.request.mm_features.extend(consistent(more, shapes))
+            entry.request.mm_features.extend(consistent(more, shapes, encoder_decoder))
             entry.prompt_len = max(f.mm_position.offset + f.mm_position.length for f in entry.request.mm_features)
         elif event == "rebuild" and entry is not None:
             # The same request id on a new object (the records must follow it).

@@ -35,7 +35,7 @@ class _StepMethods:
     _free_encoder_inputs), with the same results and effects on the cache.
 
     What is read from a request is kept per request object until free(request)
-    or reset(): each item's offset and length when the item first appears, its
+    or reset(): its request_id, each item's offset and length when the item first appears, its
     identifier, get_num_embeds() and is_embed only when a call first needs the
     item (it is in the step's window, named in an allocation, or freed by size),
     so items a prefix-cache hit covers are never read. mm_features must be
@@ -156,7 +156,7 @@ def _panic_for_test() -> None:
 
 class _CallFloor:
     """Private benchmark aid: the manager's methods, changing nothing. With
-    ``reads=True`` each reads from the request what the manager's method reads."""
+    ``reads=True`` each reads from the request what vLLM's manager reads on every call."""
 
     def __init__(self, *, reads: bool = False) -> None: ...
     def check_and_update_cache(self, request: _Request, input_id: int) -> bool: ...

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::key_list;
-use super::request::{count, identifier, input_index, num_embeds, num_features, request_id};
+use super::request::{count, identifier, input_index, num_embeds, num_features};
 use super::state::{encoder_decoder_state_from_dict, encoder_decoder_state_to_dict};
 use super::records::ItemRecords;
 use super::step::{self, StepManager};
@@ -102,15 +102,11 @@ impl PyEncoderDecoderCacheManager {
 
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
         let sizes = (0..num_features(request)?).map(|i| num_embeds(request, i)).collect::<PyResult<Vec<u64>>>()?;
-        // Only requests seen by the step-level API have records (and those have an id).
-        let recorded = if slf.try_borrow()?.records.is_empty() { None } else { Some(request_id(request)?) };
         let mut this = slf.try_borrow_mut()?;
         for n in sizes {
             this.cache.free_encoder_input(n);
         }
-        if let Some(req) = recorded {
-            this.records.forget(req.to_str()?);
-        }
+        this.records.forget(request);
         Ok(())
     }
 

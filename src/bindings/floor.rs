@@ -5,12 +5,12 @@
 //! - `_CallFloor()`: the methods do nothing; the cost of crossing from Python
 //!   into a PyO3 method at all;
 //! - `_CallFloor(reads=True)`: each method also reads from the request what
-//!   the manager's method reads (`request_id`, `mm_features[i].identifier`,
-//!   `get_num_encoder_embeds(i)`), the Python-side work that vLLM's per-call
-//!   API obliges any implementation to do.
-//!
-//! Driven through a whole request's calls, they bound what any per-call
-//! manager can gain over the pure-Python one.
+//!   vLLM's manager reads on every call (`request_id`,
+//!   `mm_features[i].identifier`, `get_num_encoder_embeds(i)`). The
+//!   pure-Python manager pays these on every call, so they bound what a
+//!   manager that reads as vLLM's does can gain over it; the Rust manager
+//!   reads them once per request and per item (see `records`), and so can
+//!   come in under them.
 
 use pyo3::prelude::*;
 

@@ -6,8 +6,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::key_list;
-use super::records::{CallInput, ItemRecords};
-use super::request::{count, identifier, input_index, num_embeds, request_id};
+use super::records::{id_of, identifier_at, CallInput, ItemRecords};
+use super::request::{count, identifier, input_index, num_embeds};
 use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
 use super::step::{self, StepManager};
 use crate::cache::{CacheError, EncoderCache};
@@ -72,8 +72,8 @@ impl PyEncoderCacheManager {
     }
 
     fn get_cached_num_encoder_embeds(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
-        let item = identifier(request, input_index(input_id)?)?;
-        let n = slf.try_borrow()?.cache.cached_num_embeds(item.to_str()?);
+        let item = identifier_at(slf, request, input_index(input_id)?)?;
+        let n = slf.try_borrow()?.cache.cached_num_embeds(item.as_str()?);
         Ok(n)
     }
 
@@ -110,19 +110,18 @@ impl PyEncoderCacheManager {
     }
 
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
-        let req = request_id(request)?;
-        let req = req.to_str()?;
+        let id = id_of(slf, request)?;
         let this = &mut *slf.try_borrow_mut()?;
-        match this.cache.cached_input_ids(req) {
-            Some(inputs) => this.records.input_set(request, req, inputs),
+        match this.cache.cached_input_ids(id.as_str()?) {
+            Some(inputs) => this.records.input_set(request, &id, inputs),
             None => PySet::empty(slf.py()),
         }
     }
 
     fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let input_id = input_index(input_id)?;
-        let req = request_id(request)?;
-        let freed = slf.try_borrow_mut()?.cache.free_encoder_input(req.to_str()?, input_id);
+        let id = id_of(slf, request)?;
+        let freed = slf.try_borrow_mut()?.cache.free_encoder_input(id.as_str()?, input_id);
         if !freed {
             // Nothing to release, but an input the request does not have is still an error.
             identifier(request, input_id)?;
@@ -131,11 +130,10 @@ impl PyEncoderCacheManager {
     }
 
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        let req = request_id(request)?;
-        let req = req.to_str()?;
+        let id = id_of(slf, request)?;
         let mut this = slf.try_borrow_mut()?;
-        this.cache.free(req);
-        this.records.forget(req);
+        this.cache.free(id.as_str()?);
+        this.records.forget(request);
         Ok(())
     }
 

@@ -1,21 +1,20 @@
 //! Per-request records: what the manager has read of a request, so that later
-//! calls need not read it again, and the set `get_cached_input_ids` built last.
+//! calls need not read it again, and the set `get_cached_input_ids` returned.
 //!
-//! Records belong to one request object under its request id. The object is
-//! held, so its identity cannot be reused while the records live; another
-//! object arriving under the same id starts afresh. Records go with
-//! `free(request)` and `reset()`, and those of requests that nobody but the
-//! records still references are dropped as the map grows, so a caller that
-//! never calls `free(request)` does not make them pile up.
+//! Records belong to one request object, held so that its identity (the map
+//! key) cannot be reused while they live. They go with `free(request)` and
+//! `reset()`, and those of requests that nobody but the records still holds
+//! are dropped as the map grows, so a caller that never calls `free(request)`
+//! does not make them pile up.
 //!
-//! The per-call methods (vLLM's `check_and_update_cache`, `can_allocate`,
-//! `allocate`) read `request.request_id` and `request.mm_features[i]` on every
-//! call, and an item's `identifier` and `request.get_num_encoder_embeds(i)` only
-//! while `mm_features[i]` is an object not seen at that position before. A
-//! vLLM request never changes an item once it is in `mm_features`; replacing
-//! the item object is seen at once.
+//! What is read once per request object: `request_id`. Once per item object
+//! (`mm_features[i]`, checked by identity on every call, so a replaced item is
+//! read afresh): `identifier` and `request.get_num_encoder_embeds(i)` for the
+//! per-call methods (vLLM's `check_and_update_cache`, `can_allocate`,
+//! `allocate`); the step-level methods keep their own [`Slot`]s (see `step`).
+//! A vLLM request never changes these once it has them.
 
-use hashbrown::hash_map::EntryRef;
+use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 use pyo3::ffi;
 use pyo3::gc::{PyTraverseError, PyVisit};
@@ -35,6 +34,7 @@ struct CallItem {
 
 struct Known {
     request: Py<PyAny>,
+    id: Key,
     /// The step-level methods' records (see `step`).
     slots: Vec<Slot>,
     /// The per-call methods' records, by input id.
@@ -43,18 +43,34 @@ struct Known {
     input_set: Option<Py<PySet>>,
 }
 
-impl Known {
-    fn new(request: &Bound<'_, PyAny>) -> Self {
-        Self { request: request.clone().unbind(), slots: Vec::new(), calls: Vec::new(), input_set: None }
+/// A request id or an item identifier: from the records, or read in this call.
+pub(crate) enum Name<'py> {
+    Known(Key),
+    Read(Bound<'py, PyString>),
+}
+
+impl Name<'_> {
+    pub(crate) fn as_str(&self) -> PyResult<&str> {
+        match self {
+            Self::Known(key) => Ok(key),
+            Self::Read(id) => id.to_str(),
+        }
+    }
+
+    fn key(&self) -> PyResult<Key> {
+        match self {
+            Self::Known(key) => Ok(key.clone()),
+            Self::Read(id) => Ok(Key::from(id.to_str()?)),
+        }
     }
 }
 
 /// Records fewer than this are never swept.
 const MIN_SWEEP: usize = 1024;
 
-/// Per-request records, by request id.
+/// Per-request records, by request object.
 pub(crate) struct ItemRecords {
-    by_request: HashMap<Key, Known>,
+    by_request: HashMap<usize, Known>,
     /// The size at which the map is next swept of requests only it holds.
     sweep_at: usize,
 }
@@ -65,25 +81,31 @@ impl Default for ItemRecords {
     }
 }
 
+/// The map key: the object's address, which the records' hold on it keeps unique.
+fn address(request: &Bound<'_, PyAny>) -> usize {
+    request.as_ptr() as usize
+}
+
 impl ItemRecords {
-    /// The records of `request_id`, if they belong to this very object.
-    fn get(&self, request: &Bound<'_, PyAny>, request_id: &str) -> Option<&Known> {
-        self.by_request.get(request_id).filter(|known| known.request.is(request))
+    fn get(&self, request: &Bound<'_, PyAny>) -> Option<&Known> {
+        self.by_request.get(&address(request))
     }
 
-    /// The records of `request`, created (or restarted, for another object) as needed.
-    fn entry(&mut self, request: &Bound<'_, PyAny>, request_id: &str) -> &mut Known {
-        if self.by_request.len() >= self.sweep_at && !self.by_request.contains_key(request_id) {
+    /// The records of `request`, created as needed with the id `id` gives.
+    fn entry(&mut self, request: &Bound<'_, PyAny>, id: &Name<'_>) -> PyResult<&mut Known> {
+        if self.by_request.len() >= self.sweep_at {
             self.sweep();
         }
-        let known = match self.by_request.entry_ref(request_id) {
-            EntryRef::Occupied(entry) => entry.into_mut(),
-            EntryRef::Vacant(entry) => entry.insert(Known::new(request)),
-        };
-        if !known.request.is(request) {
-            *known = Known::new(request);
-        }
-        known
+        Ok(match self.by_request.entry(address(request)) {
+            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Vacant(entry) => entry.insert(Known {
+                request: request.clone().unbind(),
+                id: id.key()?,
+                slots: Vec::new(),
+                calls: Vec::new(),
+                input_set: None,
+            }),
+        })
     }
 
     /// Drops the records of requests no one else references any more; the
@@ -95,17 +117,18 @@ impl ItemRecords {
         self.sweep_at = (2 * self.by_request.len()).max(MIN_SWEEP);
     }
 
-    /// The step-level records of `request_id` if read from this very object,
-    /// taken out for a call to update (and give back with [`Self::keep_slots`]).
-    pub(crate) fn take_slots(&mut self, request: &Bound<'_, PyAny>, request_id: &str) -> Vec<Slot> {
-        match self.by_request.get_mut(request_id) {
-            Some(known) if known.request.is(request) => std::mem::take(&mut known.slots),
-            _ => Vec::new(),
+    /// The step-level records of `request` and its id if known, taken out for
+    /// a call to update (and give back with [`Self::keep_slots`]).
+    pub(crate) fn take_slots(&mut self, request: &Bound<'_, PyAny>) -> (Option<Key>, Vec<Slot>) {
+        match self.by_request.get_mut(&address(request)) {
+            Some(known) => (Some(known.id.clone()), std::mem::take(&mut known.slots)),
+            None => (None, Vec::new()),
         }
     }
 
-    pub(crate) fn keep_slots(&mut self, request: &Bound<'_, PyAny>, request_id: &str, slots: Vec<Slot>) {
-        self.entry(request, request_id).slots = slots;
+    pub(crate) fn keep_slots(&mut self, request: &Bound<'_, PyAny>, id: &Name<'_>, slots: Vec<Slot>) -> PyResult<()> {
+        self.entry(request, id)?.slots = slots;
+        Ok(())
     }
 
     /// The set of `inputs` (the request's held input ids) for
@@ -116,11 +139,11 @@ impl ItemRecords {
     pub(crate) fn input_set<'py>(
         &mut self,
         request: &Bound<'py, PyAny>,
-        request_id: &str,
+        id: &Name<'py>,
         inputs: &HashMap<usize, Key>,
     ) -> PyResult<Bound<'py, PySet>> {
         let py = request.py();
-        let known = self.entry(request, request_id);
+        let known = self.entry(request, id)?;
         if let Some(kept) = &known.input_set {
             let kept = kept.bind(py);
             // SAFETY: the records hold the set, so the pointer is live.
@@ -134,12 +157,8 @@ impl ItemRecords {
         Ok(set)
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.by_request.is_empty()
-    }
-
-    pub(crate) fn forget(&mut self, request_id: &str) {
-        self.by_request.remove(request_id);
+    pub(crate) fn forget(&mut self, request: &Bound<'_, PyAny>) {
+        self.by_request.remove(&address(request));
         shrink_when_sparse(&mut self.by_request);
     }
 
@@ -161,12 +180,39 @@ impl ItemRecords {
     }
 }
 
-/// One input of a request as a per-call method sees it. Only `mm_features[i]`
-/// and `request_id` are read up front; the item's details come from the
-/// records, or are read when first asked for and kept by [`CallInput::remember`].
+/// `request.request_id`, from the records if they know the request.
+pub(crate) fn id_of<'py, M: StepManager>(manager: &Bound<'py, M>, request: &Bound<'py, PyAny>) -> PyResult<Name<'py>> {
+    if let Some(known) = manager.try_borrow()?.records().get(request) {
+        return Ok(Name::Known(known.id.clone()));
+    }
+    Ok(Name::Read(request_id(request)?))
+}
+
+/// `mm_features[i].identifier`, from the records while `mm_features[i]` is
+/// the item they read it from.
+pub(crate) fn identifier_at<'py, M: StepManager>(
+    manager: &Bound<'py, M>,
+    request: &Bound<'py, PyAny>,
+    input_id: usize,
+) -> PyResult<Name<'py>> {
+    let py = request.py();
+    let known = manager.try_borrow()?.records().get(request).and_then(|known| {
+        let item = known.calls.get(input_id)?.as_ref()?;
+        Some((item.feature.clone_ref(py), item.identifier.clone()?))
+    });
+    let feature = feature(request, input_id)?;
+    match known {
+        Some((seen, identifier)) if seen.is(&feature) => Ok(Name::Known(identifier)),
+        _ => Ok(Name::Read(identifier_of(&feature)?)),
+    }
+}
+
+/// One input of a request as a per-call method sees it: `mm_features[i]` is
+/// read on every call; the rest comes from the records, or is read when first
+/// asked for and kept by [`CallInput::remember`].
 pub(crate) struct CallInput<'py> {
     request: Bound<'py, PyAny>,
-    request_id: Bound<'py, PyString>,
+    id: Name<'py>,
     input_id: usize,
     feature: Bound<'py, PyAny>,
     identifier: Option<Key>,
@@ -175,40 +221,39 @@ pub(crate) struct CallInput<'py> {
 }
 
 impl<'py> CallInput<'py> {
-    /// Reads `mm_features[input_id]` and `request_id`, raising what the plain
-    /// reads raise (the identifier's error before the request id's), and
-    /// looks up what the manager's records (borrowed only for the look-up) know of the item.
+    /// Reads `mm_features[input_id]`, and `request_id` if the records do not
+    /// know it, raising what the plain reads raise (the identifier's error
+    /// before the request id's). The manager is borrowed only to look.
     pub(crate) fn read<M: StepManager>(manager: &Bound<'py, M>, request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Self> {
+        let py = request.py();
+        let (known_id, known_item) = match manager.try_borrow()?.records().get(request) {
+            Some(known) => {
+                let item = known.calls.get(input_id).and_then(Option::as_ref);
+                let item = item.map(|item| (item.feature.clone_ref(py), item.identifier.clone(), item.num_embeds));
+                (Some(known.id.clone()), item)
+            }
+            None => (None, None),
+        };
         let feature = feature(request, input_id)?;
-        let request_id = match request_id(request) {
-            Ok(id) => id,
-            Err(err) => {
-                identifier_of(&feature)?;
-                return Err(err);
-            }
+        let id = match known_id {
+            Some(key) => Name::Known(key),
+            None => match request_id(request) {
+                Ok(id) => Name::Read(id),
+                Err(err) => {
+                    identifier_of(&feature)?;
+                    return Err(err);
+                }
+            },
         };
-        let mut input = Self {
-            request: request.clone(),
-            request_id,
-            input_id,
-            feature,
-            identifier: None,
-            num_embeds: None,
-            fresh: false,
+        let (identifier, num_embeds) = match known_item {
+            Some((seen, identifier, n)) if seen.is(&feature) => (identifier, n),
+            _ => (None, None),
         };
-        let manager = manager.try_borrow()?;
-        let known = manager.records().get(request, input.request_id.to_str()?);
-        if let Some(item) = known.and_then(|k| k.calls.get(input_id)).and_then(Option::as_ref) {
-            if item.feature.is(&input.feature) {
-                input.identifier = item.identifier.clone();
-                input.num_embeds = item.num_embeds;
-            }
-        }
-        Ok(input)
+        Ok(Self { request: request.clone(), id, input_id, feature, identifier, num_embeds, fresh: false })
     }
 
     pub(crate) fn request_id(&self) -> PyResult<&str> {
-        self.request_id.to_str()
+        self.id.as_str()
     }
 
     /// `mm_features[i].identifier`.
@@ -238,7 +283,7 @@ impl<'py> CallInput<'py> {
         if !self.fresh {
             return Ok(());
         }
-        let known = records.entry(&self.request, self.request_id.to_str()?);
+        let known = records.entry(&self.request, &self.id)?;
         if known.calls.len() <= self.input_id {
             known.calls.resize_with(self.input_id + 1, || None);
         }

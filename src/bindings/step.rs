@@ -2,10 +2,10 @@
 //! what was read per request, and converting results.
 //!
 //! What is read from Python, and when:
-//! - every call: `request.request_id` and `len(request.mm_features)`;
+//! - every call: `len(request.mm_features)`;
+//! - `request.request_id`, once per request object (see `records`);
 //! - an item's position (`mm_position.offset` and `.length`), once, when the
-//!   item is first seen: for all items of a request the first time it comes,
-//!   again for all when a different object arrives under the same request id,
+//!   item is first seen: for all items of a request object the first time it comes,
 //!   for the new items when `mm_features` grew (streaming input), and again
 //!   for all after a call that failed while reading positions (which forgets
 //!   the rest of the records too);
@@ -23,10 +23,10 @@ use std::sync::Arc;
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::types::{PyList, PyTuple};
 
 use super::request::{count, expect_str, input_index, request_id};
-use super::records::ItemRecords;
+use super::records::{ItemRecords, Name};
 use crate::cache::Key;
 use crate::step::{self, Item, Items, Scheduled, StepArgs, StepCache, StepError};
 
@@ -71,7 +71,7 @@ impl Items for [Slot] {
 /// A request as the step-level methods see it.
 pub(crate) struct StepRequest<'py> {
     request: Bound<'py, PyAny>,
-    id: Bound<'py, PyString>,
+    id: Name<'py>,
     features: Bound<'py, PyAny>,
     /// The items first seen in this call, from `first_seen` on, as
     /// `(feature, mm_position)`: reading their details needs no new look-up.
@@ -83,14 +83,20 @@ pub(crate) struct StepRequest<'py> {
 }
 
 impl<'py> StepRequest<'py> {
-    /// Reads the request id and the positions of the items not yet recorded.
-    /// `take_records` is called once, to take the stored records, and its
-    /// borrow ends before any of the request's own code runs.
-    fn read(request: &Bound<'py, PyAny>, take_records: impl FnOnce(&str) -> PyResult<Vec<Slot>>) -> PyResult<Self> {
-        let id = request_id(request)?;
+    /// Reads the request id if not known and the positions of the items not
+    /// yet recorded. `take_records` is called once, to take the stored records
+    /// and id, and its borrow ends before any of the request's own code runs.
+    fn read(
+        request: &Bound<'py, PyAny>,
+        take_records: impl FnOnce() -> PyResult<(Option<Key>, Vec<Slot>)>,
+    ) -> PyResult<Self> {
+        let (known_id, mut items) = take_records()?;
+        let id = match known_id {
+            Some(key) => Name::Known(key),
+            None => Name::Read(request_id(request)?),
+        };
         let features = request.getattr(intern!(request.py(), "mm_features"))?;
         let num_items = features.len()?;
-        let mut items = take_records(id.to_str()?)?;
         if items.len() > num_items {
             items.clear(); // items were removed: start over
         }
@@ -143,7 +149,7 @@ impl<'py> StepRequest<'py> {
     /// The held inputs [`StepRequest::free_before`] would free: the items to
     /// [`StepRequest::load`] first for a cache that frees by size.
     pub(crate) fn to_free<C: StepCache>(&self, cache: &C, position: i64, decoder_started: bool) -> PyResult<Vec<usize>> {
-        Ok(step::inputs_to_free(cache, self.id.to_str()?, self.items.as_slice(), position, decoder_started)?)
+        Ok(step::inputs_to_free(cache, self.id.as_str()?, self.items.as_slice(), position, decoder_started)?)
     }
 
     /// [`step::try_schedule`], asking `has_remote_item(identifier)` when given.
@@ -153,7 +159,7 @@ impl<'py> StepRequest<'py> {
         args: StepArgs,
         has_remote_item: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Scheduled> {
-        let id = self.id.to_str()?;
+        let id = self.id.as_str()?;
         let mut remote = |identifier: &Key| match has_remote_item {
             Some(callback) => callback.call1((&**identifier,))?.is_truthy(),
             None => Ok(false),
@@ -163,12 +169,12 @@ impl<'py> StepRequest<'py> {
 
     /// [`step::allocate_inputs`], for ids from [`StepRequest::load_inputs`].
     fn allocate<C: StepCache>(&self, cache: &mut C, input_ids: &[usize], repeated: &[usize]) -> PyResult<()> {
-        Ok(step::allocate_inputs(cache, self.id.to_str()?, self.items.as_slice(), input_ids, repeated)?)
+        Ok(step::allocate_inputs(cache, self.id.as_str()?, self.items.as_slice(), input_ids, repeated)?)
     }
 
     /// [`step::free_inputs_before`].
     pub(crate) fn free_before<C: StepCache>(&self, cache: &mut C, position: i64, decoder_started: bool) -> PyResult<Vec<usize>> {
-        Ok(step::free_inputs_before(cache, self.id.to_str()?, self.items.as_slice(), position, decoder_started)?)
+        Ok(step::free_inputs_before(cache, self.id.as_str()?, self.items.as_slice(), position, decoder_started)?)
     }
 
     /// vLLM's step result tuple; a mismatch is reported to `on_mismatch`
@@ -280,11 +286,12 @@ pub(crate) fn with_request<'py, M: StepManager, T>(
     request: &Bound<'py, PyAny>,
     work: impl FnOnce(&mut StepRequest<'py>) -> PyResult<T>,
 ) -> PyResult<T> {
-    let mut req = StepRequest::read(request, |id| Ok(slf.try_borrow_mut()?.parts().1.take_slots(request, id)))?;
+    let mut req = StepRequest::read(request, || Ok(slf.try_borrow_mut()?.parts().1.take_slots(request)))?;
     let out = work(&mut req);
     // A manager still borrowed (a failed re-entrant call) keeps no records: they are only a cache.
-    if let (Ok(mut this), Ok(id)) = (slf.try_borrow_mut(), req.id.to_str()) {
-        this.parts().1.keep_slots(request, id, std::mem::take(&mut req.items));
+    if let Ok(mut this) = slf.try_borrow_mut() {
+        // Only a cache: an id that cannot be kept (not UTF-8) failed `work` already.
+        let _ = this.parts().1.keep_slots(request, &req.id, std::mem::take(&mut req.items));
     }
     out
 }
