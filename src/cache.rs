@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use hashbrown::hash_map::EntryRef;
 use hashbrown::{HashMap, HashSet};
-use hashlink::LinkedHashMap;
 
+mod eviction;
 mod state;
+use eviction::EvictionQueue;
 pub use state::{CacheState, EntryState, InvariantViolation, RequestState};
 
 /// An item identifier (vLLM's `mm_hash`) or a request id, shared between maps.
@@ -76,6 +77,9 @@ pub(crate) fn shrink_when_sparse<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K
 pub struct Entry {
     pub num_embeds: u64,
     pub referrers: Referrers,
+    /// While unreferenced, the stamp of its place in the eviction order; 0
+    /// while referenced.
+    pub released: u64,
 }
 
 /// The requests referencing an entry. Most entries have at most one, kept
@@ -196,8 +200,8 @@ pub struct EncoderCache {
     num_free_slots: u64,
     num_freeable_slots: u64,
     entries: HashMap<Key, Entry>,
-    /// Unreferenced entries, oldest release first: the eviction order.
-    freeable: LinkedHashMap<Key, u64>,
+    /// Unreferenced entries, oldest release first.
+    eviction: EvictionQueue,
     requests: HashMap<Key, RequestRefs>,
     /// Evicted since the last `take_freed`, in eviction order.
     freed: Vec<Key>,
@@ -210,7 +214,7 @@ impl EncoderCache {
             num_free_slots: cache_size,
             num_freeable_slots: cache_size,
             entries: HashMap::new(),
-            freeable: LinkedHashMap::new(),
+            eviction: EvictionQueue::default(),
             requests: HashMap::new(),
             freed: Vec::new(),
         }
@@ -232,8 +236,12 @@ impl EncoderCache {
         &self.entries
     }
 
+    /// The unreferenced entries with their sizes, next eviction first.
     pub fn freeable(&self) -> impl Iterator<Item = (&Key, u64)> {
-        self.freeable.iter().map(|(k, n)| (k, *n))
+        self.eviction.places().filter_map(|(stamp, key)| {
+            let entry = self.entries.get(key)?;
+            (entry.released == *stamp).then_some((key, entry.num_embeds))
+        })
     }
 
     pub fn requests(&self) -> &HashMap<Key, RequestRefs> {
@@ -247,7 +255,7 @@ impl EncoderCache {
     /// Forget everything (vLLM calls this when model weights change).
     pub fn reset(&mut self) {
         self.entries.clear();
-        self.freeable.clear();
+        self.eviction.clear();
         self.requests.clear();
         self.freed.clear();
         self.num_free_slots = self.cache_size;
@@ -270,14 +278,18 @@ impl EncoderCache {
         let Some((key, entry)) = self.entries.get_key_value_mut(identifier) else {
             return Ok(false);
         };
-        if entry.referrers.is_empty() {
-            if let Some(n) = self.freeable.remove(identifier) {
-                self.num_freeable_slots -= n;
-            }
+        let taken_back = entry.referrers.is_empty();
+        if taken_back {
+            self.eviction.take_back(entry);
+            self.num_freeable_slots -= entry.num_embeds;
         }
         let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
         let first = entry.referrers.insert(request_key);
         Self::add_occurrence(refs, input_id, key.clone(), first);
+        if taken_back && self.eviction.needs_compacting() {
+            let entries = &self.entries;
+            self.eviction.compact(|stamp, key| entries.get(key).is_some_and(|e| e.released == stamp));
+        }
         Ok(true)
     }
 
@@ -314,12 +326,16 @@ impl EncoderCache {
         // Eviction is bookkeeping only: workers drop the tensors when the
         // scheduler output carries `take_freed`.
         while needed > i128::from(self.num_free_slots) {
-            let Some((key, n)) = self.freeable.pop_front() else {
+            let Some((stamp, key)) = self.eviction.pop() else {
                 break;
             };
-            self.entries.remove(&key);
-            self.freed.push(key);
-            self.num_free_slots += n;
+            match self.entries.entry_ref(&*key) {
+                EntryRef::Occupied(entry) if entry.get().released == stamp => {
+                    self.num_free_slots += entry.remove().num_embeds;
+                    self.freed.push(key);
+                }
+                _ => self.eviction.skipped(),
+            }
         }
         true
     }
@@ -357,7 +373,7 @@ impl EncoderCache {
         }
         let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
         Self::add_occurrence(refs, input_id, slot.key().clone(), true);
-        slot.insert(Entry { num_embeds, referrers: Referrers::One(request_key) });
+        slot.insert(Entry { num_embeds, referrers: Referrers::One(request_key), released: 0 });
         self.num_free_slots -= num_embeds;
         self.num_freeable_slots -= num_embeds;
         Ok(())
@@ -428,7 +444,7 @@ impl EncoderCache {
             return;
         };
         if entry.referrers.remove(request_id) && entry.referrers.is_empty() {
-            self.freeable.insert(identifier.clone(), entry.num_embeds);
+            self.eviction.push(identifier.clone(), entry);
             self.num_freeable_slots += entry.num_embeds;
         }
     }
@@ -519,6 +535,25 @@ mod tests {
         cache.allocate("r3", 0, "a", 4).unwrap();
         assert_eq!(cache.take_freed().iter().map(|k| &**k).collect::<Vec<_>>(), ["b"]);
         assert!(cache.take_freed().is_empty());
+    }
+
+    #[test]
+    fn entries_taken_back_and_released_again_keep_the_order_and_a_bounded_queue() {
+        let mut cache = EncoderCache::new(3);
+        for (input, item) in ["a", "b", "c"].into_iter().enumerate() {
+            cache.allocate("r", input, item, 1).unwrap();
+        }
+        cache.free("r");
+        for _ in 0..1000 {
+            assert_eq!(cache.check_and_update_cache("s", 0, "a"), Ok(true));
+            cache.free("s");
+        }
+        assert_eq!(freeable(&cache), vec![("b", 1), ("c", 1), ("a", 1)]);
+        assert!(cache.eviction.places().count() < 200, "stale places are dropped");
+        assert!(cache.can_allocate(2, 10, 0));
+        assert_eq!(cache.take_freed().iter().map(|k| &**k).collect::<Vec<_>>(), ["b", "c"]);
+        assert_eq!(freeable(&cache), vec![("a", 1)]);
+        assert_eq!(cache.check_invariants(), Ok(()));
     }
 
     #[test]

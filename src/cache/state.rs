@@ -10,9 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use hashbrown::HashMap;
-use hashlink::LinkedHashMap;
 
-use super::{EncoderCache, Entry, Key, Referrers, RequestRefs};
+use super::{EncoderCache, Entry, EvictionQueue, Key, Referrers, RequestRefs};
 
 /// A cached item as plain data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +88,8 @@ impl CacheState {
                 return broken(FREEABLE_UNREFERENCED, format!("item '{item}' is listed twice"));
             }
             let Some(entry) = self.entries.get(item) else {
-                return broken(FREEABLE_UNREFERENCED, format!("freeable item '{item}' is not cached"));
+                let detail = format!("freeable item '{item}' is not cached");
+                return Err(InvariantViolation { rule: FREEABLE_UNREFERENCED, detail });
             };
             if !entry.referrers.is_empty() {
                 return broken(
@@ -180,7 +180,7 @@ impl EncoderCache {
                     (k.to_string(), EntryState { num_embeds: e.num_embeds, referrers })
                 })
                 .collect(),
-            freeable: self.freeable.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
+            freeable: self.freeable().map(|(k, n)| (k.to_string(), n)).collect(),
             requests: self
                 .requests
                 .iter()
@@ -208,15 +208,22 @@ impl EncoderCache {
         }
         let mut keys = HashMap::new();
         let mut key = |s| intern(&mut keys, s);
-        let entries = state
+        let mut entries: HashMap<Key, Entry> = state
             .entries
             .iter()
             .map(|(item, e)| {
                 let referrers: Referrers = e.referrers.iter().map(|r| key(r)).collect();
-                (key(item), Entry { num_embeds: e.num_embeds, referrers })
+                (key(item), Entry { num_embeds: e.num_embeds, referrers, released: 0 })
             })
             .collect();
-        let freeable: LinkedHashMap<Key, u64> = state.freeable.iter().map(|(item, n)| (key(item), *n)).collect();
+        let mut eviction = EvictionQueue::default();
+        for (item, _) in &state.freeable {
+            let Some((item, entry)) = entries.get_key_value_mut(item.as_str()) else {
+                let detail = format!("freeable item '{item}' is not cached");
+                return Err(InvariantViolation { rule: FREEABLE_UNREFERENCED, detail });
+            };
+            eviction.push(item.clone(), entry);
+        }
         let requests = state
             .requests
             .iter()
@@ -232,7 +239,7 @@ impl EncoderCache {
             num_free_slots: state.num_free_slots,
             num_freeable_slots: state.num_freeable_slots,
             entries,
-            freeable,
+            eviction,
             requests,
             freed,
         })
