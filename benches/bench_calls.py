@@ -2,8 +2,8 @@
 repeats one manager call that leaves the state as it found it.
 
 ``floor`` is a PyO3 method with the same arguments that does nothing: no call
-into Rust can be cheaper. ``reads`` also reads from the request what the
-manager's method reads: the part of each call that is Python's work.
+into Rust can be cheaper. ``reads`` also reads from the request what vLLM's
+manager reads on every call (the Rust manager keeps what it read instead).
 """
 
 from __future__ import annotations

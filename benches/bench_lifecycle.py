@@ -19,9 +19,10 @@ round brings a new request with new items (built outside the timing), whose
 can_allocate calls evict the oldest released items of earlier rounds.
 
 ``floor`` drives the same calls into PyO3 methods that do nothing (its check
-never hits, so every item takes all three calls), and ``reads`` into methods
-that only read from the request what the manager reads: what the calls cost
-before any manager does any work, so no per-call manager can beat them.
+never hits, so every item takes all three calls): no per-call manager can beat
+it. ``reads`` drives them into methods that only read from the request what
+vLLM's manager reads on every call: what a manager that reads as vLLM's does
+pays before any work (the Rust one keeps what it read, and can beat it).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ of the fastest rounds (the least disturbed on a shared machine). Every ratio
 compares implementations measured in the same run. "floor" is the same calls
 into PyO3 methods that do nothing, so "Rust / floor" says how close a Rust call
 comes to the cost of the crossing itself; "reads" are methods that only read
-from the request what the manager reads, so "Python / reads" is the most any
-manager behind vLLM's per-call API could gain.
+from the request what vLLM's manager reads on every call, so "Python / reads"
+is the most a manager that reads as vLLM's does could gain.
 """
 
 from __future__ import annotations
