@@ -11,7 +11,7 @@ from conftest import make_request, state
 
 import encoder_cache
 from encoder_cache import reference
-from encoder_cache.request import MultiModalFeature, PlaceholderRange
+from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 
 ITEMS = [f"img{i}" for i in range(8)]
 # Mostly one size per item; the odd request disagrees, as a reused client UUID would.
@@ -32,6 +32,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.python = reference.EncoderCacheManager(cache_size)
         self.requests = []
         self.count = 0
+        self.kept = []  # sets the caller holds on to
 
     def both(self, method, *args):
         got = outcome(lambda: getattr(self.rust, method)(*args))
@@ -95,6 +96,39 @@ class DifferentialMachine(RuleBasedStateMachine):
         item = data.draw(st.sampled_from(ITEMS))
         last = request.mm_features[-1].mm_position
         request.mm_features.append(MultiModalFeature(item, PlaceholderRange(last.offset + last.length + 1, SIZES[item])))
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data(), item=st.sampled_from(ITEMS), odd=st.integers(0, 4))
+    def replace_item(self, data, item, odd):
+        """An item object replaced in place (the Rust manager keeps what it read
+        of the old object, and must see the new one)."""
+        request = data.draw(st.sampled_from(self.requests))
+        i = data.draw(st.integers(0, len(request.mm_features) - 1))
+        old = request.mm_features[i].mm_position
+        size = SIZES[item] + (odd == 0)
+        request.mm_features[i] = MultiModalFeature(item, PlaceholderRange(old.offset, size))
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def rebuild_request(self, data):
+        """The same request id on a new object (what the Rust manager kept of
+        the old object is not the new one's)."""
+        i = data.draw(st.integers(0, len(self.requests) - 1))
+        old = self.requests[i]
+        self.requests[i] = Request(old.request_id, list(old.mm_features))
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data(), keep=st.booleans(), change=st.booleans())
+    def cached_input_ids(self, data, keep, change):
+        """The set handed out is the caller's: keeping or changing it changes
+        nothing the manager returns later."""
+        request = data.draw(st.sampled_from(self.requests))
+        got = self.rust.get_cached_input_ids(request)
+        assert got == self.python.get_cached_input_ids(request)
+        if change:
+            got.add(99)
+        if keep:
+            self.kept.append(got)
 
     @rule(chance=st.integers(0, 19))
     def reset(self, chance):
