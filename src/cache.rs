@@ -84,14 +84,15 @@ pub struct Entry {
 
 /// The requests referencing an entry. Most entries have at most one, kept
 /// inline, so an entry costs no allocation of its own; an item shared by
-/// several requests (one image in many chats) moves to a set. Always in the
+/// several requests (one image in many chats) moves to a boxed set, which
+/// keeps the enum, and so every entry, small. Always in the
 /// smallest variant that fits, so equal sets compare equal.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Referrers {
     #[default]
     None,
     One(Key),
-    Many(HashSet<Key>),
+    Many(Box<HashSet<Key>>),
 }
 
 impl Referrers {
@@ -129,7 +130,7 @@ impl Referrers {
         match self {
             Self::None => *self = Self::One(request),
             Self::One(key) if *key == request => return false,
-            Self::One(key) => *self = Self::Many(HashSet::from_iter([key.clone(), request])),
+            Self::One(key) => *self = Self::Many(Box::new(HashSet::from_iter([key.clone(), request]))),
             Self::Many(set) => return set.insert(request),
         }
         true
