@@ -385,7 +385,6 @@ impl EncoderCache {
         self.requests.get(request_id).map(|r| &r.inputs)
     }
 
-
     /// Whether `request_id` holds `input_id` cached.
     pub fn holds_input(&self, request_id: &str, input_id: usize) -> bool {
         self.requests.get(request_id).is_some_and(|r| r.inputs.contains_key(&input_id))

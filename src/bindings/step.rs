@@ -41,7 +41,6 @@ impl From<StepError> for PyErr {
 }
 
 /// What is known of an item: its position from the first sight, the rest once read.
-#[derive(Clone)]
 pub(crate) enum Slot {
     Position { offset: u64, length: u64 },
     Read(Box<Item>),

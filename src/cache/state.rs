@@ -88,8 +88,7 @@ impl CacheState {
                 return broken(FREEABLE_UNREFERENCED, format!("item '{item}' is listed twice"));
             }
             let Some(entry) = self.entries.get(item) else {
-                let detail = format!("freeable item '{item}' is not cached");
-                return Err(InvariantViolation { rule: FREEABLE_UNREFERENCED, detail });
+                return broken(FREEABLE_UNREFERENCED, format!("freeable item '{item}' is not cached"));
             };
             if !entry.referrers.is_empty() {
                 return broken(
