@@ -188,6 +188,35 @@ pub(crate) fn id_of<'py, M: StepManager>(manager: &Bound<'py, M>, request: &Boun
     Ok(Name::Read(request_id(request)?))
 }
 
+/// What was read of an item, outside the records: see [`recorded`].
+struct SeenItem<'py> {
+    feature: Bound<'py, PyAny>,
+    identifier: Option<Key>,
+    num_embeds: Option<u64>,
+}
+
+/// What the records know of `request`: its id, and what was read of input
+/// `input_id` with the item object it was read from. The manager is borrowed
+/// only to look.
+fn recorded<'py, M: StepManager>(
+    manager: &Bound<'py, M>,
+    request: &Bound<'py, PyAny>,
+    input_id: usize,
+) -> PyResult<(Option<Key>, Option<SeenItem<'py>>)> {
+    let py = request.py();
+    let manager = manager.try_borrow()?;
+    let Some(known) = manager.records().get(request) else {
+        return Ok((None, None));
+    };
+    let item = known.calls.get(input_id).and_then(Option::as_ref);
+    let item = item.map(|item| SeenItem {
+        feature: item.feature.bind(py).clone(),
+        identifier: item.identifier.clone(),
+        num_embeds: item.num_embeds,
+    });
+    Ok((Some(known.id.clone()), item))
+}
+
 /// `mm_features[i].identifier`, from the records while `mm_features[i]` is
 /// the item they read it from.
 pub(crate) fn identifier_at<'py, M: StepManager>(
@@ -195,14 +224,10 @@ pub(crate) fn identifier_at<'py, M: StepManager>(
     request: &Bound<'py, PyAny>,
     input_id: usize,
 ) -> PyResult<Name<'py>> {
-    let py = request.py();
-    let known = manager.try_borrow()?.records().get(request).and_then(|known| {
-        let item = known.calls.get(input_id)?.as_ref()?;
-        Some((item.feature.clone_ref(py), item.identifier.clone()?))
-    });
+    let (_, known_item) = recorded(manager, request, input_id)?;
     let feature = feature(request, input_id)?;
-    match known {
-        Some((seen, identifier)) if seen.is(&feature) => Ok(Name::Known(identifier)),
+    match known_item {
+        Some(SeenItem { feature: seen, identifier: Some(identifier), .. }) if seen.is(&feature) => Ok(Name::Known(identifier)),
         _ => Ok(Name::Read(identifier_of(&feature)?)),
     }
 }
@@ -223,17 +248,9 @@ pub(crate) struct CallInput<'py> {
 impl<'py> CallInput<'py> {
     /// Reads `mm_features[input_id]`, and `request_id` if the records do not
     /// know it, raising what the plain reads raise (the identifier's error
-    /// before the request id's). The manager is borrowed only to look.
+    /// before the request id's).
     pub(crate) fn read<M: StepManager>(manager: &Bound<'py, M>, request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Self> {
-        let py = request.py();
-        let (known_id, known_item) = match manager.try_borrow()?.records().get(request) {
-            Some(known) => {
-                let item = known.calls.get(input_id).and_then(Option::as_ref);
-                let item = item.map(|item| (item.feature.clone_ref(py), item.identifier.clone(), item.num_embeds));
-                (Some(known.id.clone()), item)
-            }
-            None => (None, None),
-        };
+        let (known_id, known_item) = recorded(manager, request, input_id)?;
         let feature = feature(request, input_id)?;
         let id = match known_id {
             Some(key) => Name::Known(key),
@@ -246,7 +263,7 @@ impl<'py> CallInput<'py> {
             },
         };
         let (identifier, num_embeds) = match known_item {
-            Some((seen, identifier, n)) if seen.is(&feature) => (identifier, n),
+            Some(item) if item.feature.is(&feature) => (item.identifier, item.num_embeds),
             _ => (None, None),
         };
         Ok(Self { request: request.clone(), id, input_id, feature, identifier, num_embeds, fresh: false })
@@ -287,17 +304,16 @@ impl<'py> CallInput<'py> {
         if known.calls.len() <= self.input_id {
             known.calls.resize_with(self.input_id + 1, || None);
         }
+        // What this call knew of the item came from the record for this very
+        // feature: that record is filled in (its reference to the feature is
+        // kept, not dropped and taken again); a record of another is replaced.
         match &mut known.calls[self.input_id] {
             Some(item) if item.feature.is(&self.feature) => {
                 item.identifier = self.identifier;
                 item.num_embeds = self.num_embeds;
             }
             slot => {
-                *slot = Some(CallItem {
-                    feature: self.feature.unbind(),
-                    identifier: self.identifier,
-                    num_embeds: self.num_embeds,
-                })
+                *slot = Some(CallItem { feature: self.feature.unbind(), identifier: self.identifier, num_embeds: self.num_embeds })
             }
         }
         Ok(())
