@@ -242,7 +242,8 @@ fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u6
     Ok(Item::new(Arc::from(identifier.to_str()?), offset, length, num_embeds, mask.as_deref()))
 }
 
-/// A manager class with the step-level methods: its cache and its item records.
+/// A manager class: its cache and its per-request records, which the
+/// step-level methods and the per-call reads (see `records`) both use.
 pub(crate) trait StepManager: pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::False> {
     type Cache: StepCache;
     fn records(&self) -> &ItemRecords;
