@@ -68,7 +68,7 @@ class Rounds:
         """Time ``target``, by default called with a new request per round;
         return its last result, once every request has been released."""
         setup = setup or (lambda: ((self.next_request(),), {}))
-        # The any-scan variant takes about a second per round: fewer rounds say enough.
+        # The any() scan is slow (up to a second a round for the per-call video): fewer rounds say enough.
         rounds = max(2, rounds // 10) if self.impl == "anyscan" else rounds
         # Two warm-up rounds fill the cache, so every timed round evicts.
         result = benchmark.pedantic(target, setup=setup, rounds=rounds, warmup_rounds=2)
