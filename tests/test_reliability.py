@@ -437,14 +437,16 @@ def test_reentrant_read_runs_before_the_manager_is_borrowed(cls):
     manager.check_invariants()
 
 
-def test_has_remote_item_reentering_the_manager_gets_a_clear_error():
+@pytest.mark.parametrize("reenter", ["free", "snapshot"])
+def test_has_remote_item_reentering_the_manager_gets_a_clear_error(reenter):
     """`has_remote_item` is consulted mid-walk, with the state borrowed: a
-    callback that calls back into the manager meets PyO3's borrow check."""
+    callback that calls back into the manager, to change it (`free`) or to
+    read it (`snapshot`), is refused, and the refusal leaves the manager usable."""
     manager = RUST(40)
     request = make_request("r", ["img0", "img1"])
 
     def remote(identifier):
-        manager.free(request)
+        getattr(manager, reenter)(*([request] if reenter == "free" else []))
         return False
 
     with pytest.raises(RuntimeError, match="(?i)borrow"):

@@ -11,26 +11,21 @@ use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 use super::key_list;
 use super::request::{count, identifier, input_index, num_embeds, num_features};
 use super::state::{encoder_decoder_state_from_dict, encoder_decoder_state_to_dict};
-use super::records::ItemRecords;
-use super::step::{self, StepManager};
+use super::cell::StateCell;
+use super::step::{self, read, write, ManagerState, StepManager};
 use crate::encoder_decoder::EncoderDecoderCache;
 use crate::step::StepArgs;
 
-#[pyclass(module = "encoder_cache._core", name = "EncoderDecoderCacheManager", subclass)]
+#[pyclass(module = "encoder_cache._core", name = "EncoderDecoderCacheManager", subclass, frozen)]
 pub struct PyEncoderDecoderCacheManager {
-    cache: EncoderDecoderCache,
-    records: ItemRecords,
+    state: StateCell<ManagerState<EncoderDecoderCache>>,
 }
 
 impl StepManager for PyEncoderDecoderCacheManager {
     type Cache = EncoderDecoderCache;
 
-    fn records(&self) -> &ItemRecords {
-        &self.records
-    }
-
-    fn parts(&mut self) -> (&mut EncoderDecoderCache, &mut ItemRecords) {
-        (&mut self.cache, &mut self.records)
+    fn cell(&self) -> &StateCell<ManagerState<EncoderDecoderCache>> {
+        &self.state
     }
 }
 
@@ -38,7 +33,7 @@ impl StepManager for PyEncoderDecoderCacheManager {
 impl PyEncoderDecoderCacheManager {
     #[new]
     fn new(cache_size: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Self { cache: EncoderDecoderCache::new(count(cache_size, "cache_size")?), records: ItemRecords::default() })
+        Ok(Self { state: ManagerState::new(EncoderDecoderCache::new(count(cache_size, "cache_size")?)) })
     }
 
     #[classmethod]
@@ -52,9 +47,11 @@ impl PyEncoderDecoderCacheManager {
         cls.call1((cache_size,))
     }
 
-    fn reset(&mut self) {
-        self.cache.reset();
-        self.records.clear();
+    fn reset(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let mut state = write(slf)?;
+        state.cache.reset();
+        state.records.clear();
+        Ok(())
     }
 
     /// Nothing is shared between requests, so there is never a hit.
@@ -77,7 +74,7 @@ impl PyEncoderDecoderCacheManager {
         num_embeds_to_schedule: i64,
     ) -> PyResult<bool> {
         let n = num_embeds(request, input_index(input_id)?)?;
-        let fits = slf.try_borrow()?.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule);
+        let fits = read(slf)?.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule);
         Ok(fits)
     }
 
@@ -85,7 +82,7 @@ impl PyEncoderDecoderCacheManager {
         let input_id = input_index(input_id)?;
         let n = num_embeds(request, input_id)?;
         let item: Arc<str> = Arc::from(identifier(request, input_id)?.to_str()?);
-        slf.try_borrow_mut()?.cache.allocate(item, n);
+        write(slf)?.cache.allocate(item, n);
         Ok(())
     }
 
@@ -96,13 +93,13 @@ impl PyEncoderDecoderCacheManager {
 
     fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let n = num_embeds(request, input_index(input_id)?)?;
-        slf.try_borrow_mut()?.cache.free_encoder_input(n);
+        write(slf)?.cache.free_encoder_input(n);
         Ok(())
     }
 
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
         let sizes = (0..num_features(request)?).map(|i| num_embeds(request, i)).collect::<PyResult<Vec<u64>>>()?;
-        let mut this = slf.try_borrow_mut()?;
+        let mut this = write(slf)?;
         for n in sizes {
             this.cache.free_encoder_input(n);
         }
@@ -111,7 +108,7 @@ impl PyEncoderDecoderCacheManager {
     }
 
     fn get_freed_mm_hashes<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-        let freed = slf.try_borrow_mut()?.cache.take_freed();
+        let freed = write(slf)?.cache.take_freed();
         key_list(slf.py(), &freed)
     }
 
@@ -120,25 +117,27 @@ impl PyEncoderDecoderCacheManager {
     }
 
     #[getter]
-    fn cache_size(&self) -> u64 {
-        self.cache.cache_size()
+    fn cache_size(slf: &Bound<'_, Self>) -> PyResult<u64> {
+        Ok(read(slf)?.cache.cache_size())
     }
 
     #[getter]
-    fn num_free_slots(&self) -> i128 {
-        self.cache.num_free_slots()
+    fn num_free_slots(slf: &Bound<'_, Self>) -> PyResult<i128> {
+        Ok(read(slf)?.cache.num_free_slots())
     }
 
     /// Snapshot: identifiers allocated since the last `get_freed_mm_hashes()`.
     #[getter]
-    fn allocated<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        key_list(py, self.cache.allocated())
+    fn allocated<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
+        let (py, state) = (slf.py(), read(slf)?);
+        key_list(py, state.cache.allocated())
     }
 
     /// Snapshot: identifiers the next `get_freed_mm_hashes()` returns.
     #[getter]
-    fn to_free<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        key_list(py, self.cache.to_free())
+    fn to_free<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
+        let (py, state) = (slf.py(), read(slf)?);
+        key_list(py, state.cache.to_free())
     }
 
     // Step-level API: vLLM's per-item scheduler loops as one call per request
@@ -187,26 +186,32 @@ impl PyEncoderDecoderCacheManager {
         let decoder_started = request.getattr(intern!(request.py(), "num_computed_tokens"))?.extract::<i64>()? > 0;
         step::with_request(slf, request, |req| {
             // Frees by size: read the sizes first, with the manager not borrowed.
-            let to_free = req.to_free(&slf.try_borrow()?.cache, position, decoder_started)?;
+            let to_free = req.to_free(&read(slf)?.cache, position, decoder_started)?;
             req.load(to_free)?;
-            req.free_before(&mut slf.try_borrow_mut()?.cache, position, decoder_started)
+            req.free_before(&mut write(slf)?.cache, position, decoder_started)
         })
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        self.records.traverse(&visit)
+        match self.state.borrow_to_visit(&visit) {
+            Some(state) => state.records.traverse(&visit),
+            None => Ok(()),
+        }
     }
 
-    fn __clear__(&mut self) {
-        self.records.clear();
+    fn __clear__(slf: &Bound<'_, Self>) {
+        if let Ok(mut state) = write(slf) {
+            state.records.clear();
+        }
     }
 
-    fn __repr__(&self) -> String {
-        format!(
+    fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
+        let state = read(slf)?;
+        Ok(format!(
             "EncoderDecoderCacheManager(cache_size={}, num_free_slots={})",
-            self.cache.cache_size(),
-            self.cache.num_free_slots()
-        )
+            state.cache.cache_size(),
+            state.cache.num_free_slots()
+        ))
     }
 
     // Reliability: invariant check and state dump/restore (see src/bindings/state.rs).
@@ -217,8 +222,9 @@ impl PyEncoderDecoderCacheManager {
     fn check_invariants(&self) {}
 
     /// The whole state as a plain dict (`json.dumps`-able); `restore` takes it back.
-    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        encoder_decoder_state_to_dict(py, &self.cache.snapshot())
+    fn snapshot<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        let (py, state) = (slf.py(), read(slf)?);
+        encoder_decoder_state_to_dict(py, &state.cache.snapshot())
     }
 
     /// A manager in the state `snapshot()` gave.
@@ -226,7 +232,7 @@ impl PyEncoderDecoderCacheManager {
     fn restore<'py>(cls: &Bound<'py, PyType>, state: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let state = encoder_decoder_state_from_dict(state)?;
         let manager = cls.call1((state.cache_size,))?;
-        manager.cast::<Self>()?.try_borrow_mut()?.cache = EncoderDecoderCache::restore(&state);
+        write(manager.cast::<Self>()?)?.cache = EncoderDecoderCache::restore(&state);
         Ok(manager)
     }
 }

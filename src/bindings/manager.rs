@@ -1,22 +1,22 @@
 //! `EncoderCacheManager`: vLLM 0.33's Python API over [`EncoderCache`].
 
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::key_list;
-use super::records::{id_of, identifier_at, CallInput, ItemRecords};
-use super::request::{count, identifier, input_index, num_embeds};
+use super::cell::StateCell;
+use super::records::{id_of, with_input, with_request_id, Needs};
+use super::request::{count, identifier, input_index};
 use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
-use super::step::{self, StepManager};
+use super::step::{self, read, write, ManagerState, StepManager};
 use crate::cache::{CacheError, EncoderCache};
 use crate::step::StepArgs;
 
-#[pyclass(module = "encoder_cache._core", name = "EncoderCacheManager", subclass)]
+#[pyclass(module = "encoder_cache._core", name = "EncoderCacheManager", subclass, frozen)]
 pub struct PyEncoderCacheManager {
-    cache: EncoderCache,
-    records: ItemRecords,
+    state: StateCell<ManagerState<EncoderCache>>,
 }
 
 impl From<CacheError> for PyErr {
@@ -28,12 +28,8 @@ impl From<CacheError> for PyErr {
 impl StepManager for PyEncoderCacheManager {
     type Cache = EncoderCache;
 
-    fn records(&self) -> &ItemRecords {
-        &self.records
-    }
-
-    fn parts(&mut self) -> (&mut EncoderCache, &mut ItemRecords) {
-        (&mut self.cache, &mut self.records)
+    fn cell(&self) -> &StateCell<ManagerState<EncoderCache>> {
+        &self.state
     }
 }
 
@@ -41,7 +37,7 @@ impl StepManager for PyEncoderCacheManager {
 impl PyEncoderCacheManager {
     #[new]
     fn new(cache_size: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Self { cache: EncoderCache::new(count(cache_size, "cache_size")?), records: ItemRecords::default() })
+        Ok(Self { state: ManagerState::new(EncoderCache::new(count(cache_size, "cache_size")?)) })
     }
 
     /// vLLM's factory hook: `cls(cache_size)`, so subclasses construct themselves.
@@ -56,25 +52,24 @@ impl PyEncoderCacheManager {
         cls.call1((cache_size,))
     }
 
-    fn reset(&mut self) {
-        self.cache.reset();
-        self.records.clear();
+    fn reset(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let mut state = write(slf)?;
+        state.cache.reset();
+        state.records.clear();
+        Ok(())
     }
 
     fn check_and_update_cache(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<bool> {
         let input_id = input_index(input_id)?;
-        let mut input = CallInput::read(slf, request, input_id)?;
-        let item = input.identifier()?;
-        let mut this = slf.try_borrow_mut()?;
-        let hit = this.cache.check_and_update_cache(input.request_id()?, input_id, &item)?;
-        input.remember(&mut this.records)?;
-        Ok(hit)
+        with_input(slf, request, input_id, Needs::HIT, |cache, input| {
+            Ok(cache.check_and_update_cache(input.request_id()?, input_id, input.identifier()?)?)
+        })
     }
 
     fn get_cached_num_encoder_embeds(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
-        let item = identifier_at(slf, request, input_index(input_id)?)?;
-        let n = slf.try_borrow()?.cache.cached_num_embeds(item.as_str()?);
-        Ok(n)
+        with_input(slf, request, input_index(input_id)?, Needs::IDENTIFIER, |cache, input| {
+            Ok(cache.cached_num_embeds(input.identifier()?))
+        })
     }
 
     fn can_allocate(
@@ -84,34 +79,21 @@ impl PyEncoderCacheManager {
         encoder_compute_budget: i64,
         num_embeds_to_schedule: i64,
     ) -> PyResult<bool> {
-        let input_id = input_index(input_id)?;
-        // vLLM reads only the size here: a request the records cannot place
-        // (no request id, no such feature) is asked for it directly.
-        let (n, input) = match CallInput::read(slf, request, input_id) {
-            Ok(mut input) => (input.num_embeds()?, Some(input)),
-            Err(err) if err.is_instance_of::<PyException>(slf.py()) => (num_embeds(request, input_id)?, None),
-            Err(err) => return Err(err),
-        };
-        let mut this = slf.try_borrow_mut()?;
-        let fits = this.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule);
-        if let Some(input) = input {
-            input.remember(&mut this.records)?;
-        }
-        Ok(fits)
+        with_input(slf, request, input_index(input_id)?, Needs::SIZE, |cache, input| {
+            Ok(cache.can_allocate(input.num_embeds()?, encoder_compute_budget, num_embeds_to_schedule))
+        })
     }
 
     fn allocate(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let input_id = input_index(input_id)?;
-        let mut input = CallInput::read(slf, request, input_id)?;
-        let (item, n) = (input.identifier()?, input.num_embeds()?);
-        let mut this = slf.try_borrow_mut()?;
-        this.cache.allocate(input.request_id()?, input_id, item, n)?;
-        input.remember(&mut this.records)
+        with_input(slf, request, input_id, Needs::ALL, |cache, input| {
+            Ok(cache.allocate(input.request_id()?, input_id, input.identifier()?.clone(), input.num_embeds()?)?)
+        })
     }
 
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let id = id_of(slf, request)?;
-        let this = &mut *slf.try_borrow_mut()?;
+        let this = &mut *write(slf)?;
         match this.cache.cached_input_ids(id.as_str()?) {
             Some(inputs) => this.records.input_set(request, &id, inputs),
             None => PySet::empty(slf.py()),
@@ -120,9 +102,7 @@ impl PyEncoderCacheManager {
 
     fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let input_id = input_index(input_id)?;
-        let id = id_of(slf, request)?;
-        let freed = slf.try_borrow_mut()?.cache.free_encoder_input(id.as_str()?, input_id);
-        if !freed {
+        if !with_request_id(slf, request, |cache, id| cache.free_encoder_input(id, input_id))? {
             // Nothing to release, but an input the request does not have is still an error.
             identifier(request, input_id)?;
         }
@@ -130,15 +110,13 @@ impl PyEncoderCacheManager {
     }
 
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        let id = id_of(slf, request)?;
-        let mut this = slf.try_borrow_mut()?;
-        this.cache.free(id.as_str()?);
-        this.records.forget(request);
+        with_request_id(slf, request, |cache, id| cache.free(id))?;
+        write(slf)?.records.forget(request);
         Ok(())
     }
 
     fn get_freed_mm_hashes<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-        let freed = slf.try_borrow_mut()?.cache.take_freed();
+        let freed = write(slf)?.cache.take_freed();
         key_list(slf.py(), &freed)
     }
 
@@ -147,25 +125,26 @@ impl PyEncoderCacheManager {
     }
 
     #[getter]
-    fn cache_size(&self) -> u64 {
-        self.cache.cache_size()
+    fn cache_size(slf: &Bound<'_, Self>) -> PyResult<u64> {
+        Ok(read(slf)?.cache.cache_size())
     }
 
     #[getter]
-    fn num_free_slots(&self) -> u64 {
-        self.cache.num_free_slots()
+    fn num_free_slots(slf: &Bound<'_, Self>) -> PyResult<u64> {
+        Ok(read(slf)?.cache.num_free_slots())
     }
 
     #[getter]
-    fn num_freeable_slots(&self) -> u64 {
-        self.cache.num_freeable_slots()
+    fn num_freeable_slots(slf: &Bound<'_, Self>) -> PyResult<u64> {
+        Ok(read(slf)?.cache.num_freeable_slots())
     }
 
     /// Snapshot: identifier -> set of request ids referencing it.
     #[getter]
-    fn cached<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn cached<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        let (py, state) = (slf.py(), read(slf)?);
         let dict = PyDict::new(py);
-        for (key, entry) in self.cache.entries() {
+        for (key, entry) in state.cache.entries() {
             dict.set_item(&**key, PySet::new(py, entry.referrers.iter().map(|r| &**r))?)?;
         }
         Ok(dict)
@@ -173,9 +152,10 @@ impl PyEncoderCacheManager {
 
     /// Snapshot: identifier -> embeddings stored.
     #[getter]
-    fn num_embeds_by_hash<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn num_embeds_by_hash<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        let (py, state) = (slf.py(), read(slf)?);
         let dict = PyDict::new(py);
-        for (key, entry) in self.cache.entries() {
+        for (key, entry) in state.cache.entries() {
             dict.set_item(&**key, entry.num_embeds)?;
         }
         Ok(dict)
@@ -183,9 +163,10 @@ impl PyEncoderCacheManager {
 
     /// Snapshot: unreferenced identifier -> embeddings, oldest release first.
     #[getter]
-    fn freeable<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn freeable<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        let (py, state) = (slf.py(), read(slf)?);
         let dict = PyDict::new(py);
-        for (key, n) in self.cache.freeable() {
+        for (key, n) in state.cache.freeable() {
             dict.set_item(&**key, n)?;
         }
         Ok(dict)
@@ -193,9 +174,10 @@ impl PyEncoderCacheManager {
 
     /// Snapshot: request id -> set of cached input ids.
     #[getter]
-    fn request_cached_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn request_cached_ids<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        let (py, state) = (slf.py(), read(slf)?);
         let dict = PyDict::new(py);
-        for (req, refs) in self.cache.requests() {
+        for (req, refs) in state.cache.requests() {
             dict.set_item(&**req, PySet::new(py, refs.inputs.keys())?)?;
         }
         Ok(dict)
@@ -203,9 +185,10 @@ impl PyEncoderCacheManager {
 
     /// Snapshot: request id -> identifier -> number of that request's cached inputs holding it.
     #[getter]
-    fn request_hash_refs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn request_hash_refs<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        let (py, state) = (slf.py(), read(slf)?);
         let dict = PyDict::new(py);
-        for (req, refs) in self.cache.requests() {
+        for (req, refs) in state.cache.requests() {
             let counts = PyDict::new(py);
             for (key, n) in refs.occurrences() {
                 counts.set_item(&**key, n)?;
@@ -217,8 +200,9 @@ impl PyEncoderCacheManager {
 
     /// Snapshot: identifiers evicted since the last `get_freed_mm_hashes()`.
     #[getter]
-    fn freed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        key_list(py, self.cache.freed())
+    fn freed<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
+        let (py, state) = (slf.py(), read(slf)?);
+        key_list(py, state.cache.freed())
     }
 
     // Step-level API: vLLM's per-item scheduler loops as one call per request
@@ -264,38 +248,45 @@ impl PyEncoderCacheManager {
         request: &Bound<'_, PyAny>,
         position: i64,
     ) -> PyResult<Vec<usize>> {
-        step::with_request(slf, request, |req| req.free_before(&mut slf.try_borrow_mut()?.cache, position, false))
+        step::with_request(slf, request, |req| req.free_before(&mut write(slf)?.cache, position, false))
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        self.records.traverse(&visit)
+        match self.state.borrow_to_visit(&visit) {
+            Some(state) => state.records.traverse(&visit),
+            None => Ok(()),
+        }
     }
 
-    fn __clear__(&mut self) {
-        self.records.clear();
+    fn __clear__(slf: &Bound<'_, Self>) {
+        if let Ok(mut state) = write(slf) {
+            state.records.clear();
+        }
     }
 
-    fn __repr__(&self) -> String {
-        format!(
+    fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
+        let state = read(slf)?;
+        Ok(format!(
             "EncoderCacheManager(cache_size={}, num_free_slots={}, num_freeable_slots={}, entries={}, requests={})",
-            self.cache.cache_size(),
-            self.cache.num_free_slots(),
-            self.cache.num_freeable_slots(),
-            self.cache.entries().len(),
-            self.cache.requests().len(),
-        )
+            state.cache.cache_size(),
+            state.cache.num_free_slots(),
+            state.cache.num_freeable_slots(),
+            state.cache.entries().len(),
+            state.cache.requests().len(),
+        ))
     }
 
     // Reliability: invariant check and state dump/restore (see src/bindings/state.rs).
 
     /// Raise `encoder_cache.InvariantError` naming the first broken bookkeeping rule.
-    fn check_invariants(&self) -> PyResult<()> {
-        self.cache.check_invariants().map_err(invariant_error)
+    fn check_invariants(slf: &Bound<'_, Self>) -> PyResult<()> {
+        read(slf)?.cache.check_invariants().map_err(invariant_error)
     }
 
     /// The whole state as a plain dict (`json.dumps`-able); `restore` takes it back.
-    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        cache_state_to_dict(py, &self.cache.snapshot())
+    fn snapshot<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        let (py, state) = (slf.py(), read(slf)?);
+        cache_state_to_dict(py, &state.cache.snapshot())
     }
 
     /// A manager in the state `snapshot()` gave; ValueError if it breaks an invariant.
@@ -305,7 +296,7 @@ impl PyEncoderCacheManager {
         let cache = EncoderCache::restore(&state)
             .map_err(|v| PyValueError::new_err(format!("inconsistent state: {v}")))?;
         let manager = cls.call1((state.cache_size,))?;
-        manager.cast::<Self>()?.try_borrow_mut()?.cache = cache;
+        write(manager.cast::<Self>()?)?.cache = cache;
         Ok(manager)
     }
 }

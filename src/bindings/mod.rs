@@ -1,6 +1,7 @@
 //! The PyO3 layer: `encoder_cache._core`. Everything here adapts Python objects
 //! to the pure-Rust core; no bookkeeping decisions are made in this module.
 
+mod cell;
 mod encoder_decoder;
 mod floor;
 mod manager;

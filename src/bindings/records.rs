@@ -18,11 +18,12 @@ use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 use pyo3::ffi;
 use pyo3::gc::{PyTraverseError, PyVisit};
+use pyo3::exceptions::{PyException, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::{PySet, PyString};
 
 use super::request::{feature, identifier_of, num_embeds, request_id};
-use super::step::{Slot, StepManager};
+use super::step::{read, write, ManagerState, Slot, StepManager};
 use crate::cache::{shrink_when_sparse, Key};
 
 /// One item as the per-call methods read it, valid while `mm_features[i]` is `feature`.
@@ -182,142 +183,236 @@ impl ItemRecords {
 
 /// `request.request_id`, from the records if they know the request.
 pub(crate) fn id_of<'py, M: StepManager>(manager: &Bound<'py, M>, request: &Bound<'py, PyAny>) -> PyResult<Name<'py>> {
-    if let Some(known) = manager.try_borrow()?.records().get(request) {
+    if let Some(known) = read(manager)?.records.get(request) {
         return Ok(Name::Known(known.id.clone()));
     }
     Ok(Name::Read(request_id(request)?))
 }
 
-/// What was read of an item, outside the records: see [`recorded`].
-struct SeenItem<'py> {
-    feature: Bound<'py, PyAny>,
-    identifier: Option<Key>,
+/// Runs `op` on the manager's cache with `request.request_id`: from the
+/// records if they know the request (one borrow, nothing copied), else read first.
+pub(crate) fn with_request_id<'py, M: StepManager, R>(
+    manager: &Bound<'py, M>,
+    request: &Bound<'py, PyAny>,
+    op: impl FnOnce(&mut M::Cache, &str) -> R,
+) -> PyResult<R> {
+    {
+        let mut state = write(manager)?;
+        let ManagerState { cache, records } = &mut *state;
+        if let Some(known) = records.get(request) {
+            return Ok(op(cache, &known.id));
+        }
+    }
+    let id = request_id(request)?;
+    Ok(op(&mut write(manager)?.cache, id.to_str()?))
+}
+
+/// When a per-call method reads `request.request_id`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IdRead {
+    /// Never: the method keeps records only of requests they already know.
+    Never,
+    /// Only to keep records: a request without a readable id is served all the same.
+    ForRecords,
+    /// The method needs it.
+    Always,
+}
+
+/// What a per-call method reads of its request besides `mm_features[i]`,
+/// which it reads on every call.
+#[derive(Clone, Copy)]
+pub(crate) struct Needs {
+    request_id: IdRead,
+    identifier: bool,
+    num_embeds: bool,
+}
+
+impl Needs {
+    /// `check_and_update_cache`.
+    pub(crate) const HIT: Self = Self { request_id: IdRead::Always, identifier: true, num_embeds: false };
+    /// `can_allocate`: vLLM reads the size alone.
+    pub(crate) const SIZE: Self = Self { request_id: IdRead::ForRecords, identifier: false, num_embeds: true };
+    /// `allocate`.
+    pub(crate) const ALL: Self = Self { request_id: IdRead::Always, identifier: true, num_embeds: true };
+    /// `get_cached_num_encoder_embeds`.
+    pub(crate) const IDENTIFIER: Self = Self { request_id: IdRead::Never, identifier: true, num_embeds: false };
+}
+
+/// One input as a per-call method sees it: what its [`Needs`] asked for,
+/// borrowed from the records (or from this call's reads, when the records
+/// could not keep them).
+pub(crate) struct CallInput<'a> {
+    request_id: Option<&'a str>,
+    identifier: Option<&'a Key>,
     num_embeds: Option<u64>,
 }
 
-/// What the records know of `request`: its id, and what was read of input
-/// `input_id` with the item object it was read from. The manager is borrowed
-/// only to look.
-fn recorded<'py, M: StepManager>(
-    manager: &Bound<'py, M>,
-    request: &Bound<'py, PyAny>,
-    input_id: usize,
-) -> PyResult<(Option<Key>, Option<SeenItem<'py>>)> {
-    let py = request.py();
-    let manager = manager.try_borrow()?;
-    let Some(known) = manager.records().get(request) else {
-        return Ok((None, None));
-    };
-    let item = known.calls.get(input_id).and_then(Option::as_ref);
-    let item = item.map(|item| SeenItem {
-        feature: item.feature.bind(py).clone(),
-        identifier: item.identifier.clone(),
-        num_embeds: item.num_embeds,
-    });
-    Ok((Some(known.id.clone()), item))
+/// Asking for what the method's `Needs` left out: a bug, reported rather than panicked on.
+fn not_read(what: &str) -> PyErr {
+    PyRuntimeError::new_err(format!("internal error: {what} was not read for this call"))
 }
 
-/// `mm_features[i].identifier`, from the records while `mm_features[i]` is
-/// the item they read it from.
-pub(crate) fn identifier_at<'py, M: StepManager>(
-    manager: &Bound<'py, M>,
-    request: &Bound<'py, PyAny>,
-    input_id: usize,
-) -> PyResult<Name<'py>> {
-    let (_, known_item) = recorded(manager, request, input_id)?;
-    let feature = feature(request, input_id)?;
-    match known_item {
-        Some(SeenItem { feature: seen, identifier: Some(identifier), .. }) if seen.is(&feature) => Ok(Name::Known(identifier)),
-        _ => Ok(Name::Read(identifier_of(&feature)?)),
+impl<'a> CallInput<'a> {
+    pub(crate) fn request_id(&self) -> PyResult<&'a str> {
+        self.request_id.ok_or_else(|| not_read("request_id"))
+    }
+
+    pub(crate) fn identifier(&self) -> PyResult<&'a Key> {
+        self.identifier.ok_or_else(|| not_read("identifier"))
+    }
+
+    pub(crate) fn num_embeds(&self) -> PyResult<u64> {
+        self.num_embeds.ok_or_else(|| not_read("get_num_encoder_embeds"))
+    }
+
+    fn has(&self, needs: Needs) -> bool {
+        (needs.request_id != IdRead::Always || self.request_id.is_some())
+            && (!needs.identifier || self.identifier.is_some())
+            && (!needs.num_embeds || self.num_embeds.is_some())
+    }
+
+    fn have(&self) -> Have {
+        Have { request_id: self.request_id.is_some(), identifier: self.identifier.is_some(), num_embeds: self.num_embeds.is_some() }
     }
 }
 
-/// One input of a request as a per-call method sees it: `mm_features[i]` is
-/// read on every call; the rest comes from the records, or is read when first
-/// asked for and kept by [`CallInput::remember`].
-pub(crate) struct CallInput<'py> {
-    request: Bound<'py, PyAny>,
-    id: Name<'py>,
-    input_id: usize,
-    feature: Bound<'py, PyAny>,
-    identifier: Option<Key>,
-    num_embeds: Option<u64>,
-    fresh: bool,
+/// What the records had when a call looked.
+#[derive(Clone, Copy, Default)]
+struct Have {
+    request_id: bool,
+    identifier: bool,
+    num_embeds: bool,
 }
 
-impl<'py> CallInput<'py> {
-    /// Reads `mm_features[input_id]`, and `request_id` if the records do not
-    /// know it, raising what the plain reads raise (the identifier's error
-    /// before the request id's).
-    pub(crate) fn read<M: StepManager>(manager: &Bound<'py, M>, request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Self> {
-        let (known_id, known_item) = recorded(manager, request, input_id)?;
-        let feature = feature(request, input_id)?;
-        let id = match known_id {
-            Some(key) => Name::Known(key),
-            None => match request_id(request) {
-                Ok(id) => Name::Read(id),
-                Err(err) => {
-                    identifier_of(&feature)?;
-                    return Err(err);
+/// What a call read because the records did not have it.
+#[derive(Default)]
+struct Fresh<'py> {
+    request_id: Option<Bound<'py, PyString>>,
+    identifier: Option<Key>,
+    num_embeds: Option<u64>,
+}
+
+impl<'py> Fresh<'py> {
+    /// Reads what `needs` asks for and neither `have` nor this call has, in
+    /// vLLM's order (the identifier's error comes before the request id's).
+    fn read(&mut self, request: &Bound<'py, PyAny>, input_id: usize, feature: &Bound<'py, PyAny>, needs: Needs, have: Have) -> PyResult<()> {
+        if needs.identifier && !have.identifier && self.identifier.is_none() {
+            self.identifier = Some(Key::from(identifier_of(feature)?.to_str()?));
+        }
+        if !have.request_id && self.request_id.is_none() {
+            match needs.request_id {
+                IdRead::Never => {}
+                IdRead::ForRecords => {
+                    self.request_id = match request_id(request) {
+                        Ok(id) => Some(id),
+                        // Swallowed only as an ordinary error: an interrupt still goes through.
+                        Err(err) if err.is_instance_of::<PyException>(request.py()) => None,
+                        Err(err) => return Err(err),
+                    }
                 }
-            },
-        };
-        let (identifier, num_embeds) = match known_item {
-            Some(item) if item.feature.is(&feature) => (item.identifier, item.num_embeds),
-            _ => (None, None),
-        };
-        Ok(Self { request: request.clone(), id, input_id, feature, identifier, num_embeds, fresh: false })
-    }
-
-    pub(crate) fn request_id(&self) -> PyResult<&str> {
-        self.id.as_str()
-    }
-
-    /// `mm_features[i].identifier`.
-    pub(crate) fn identifier(&mut self) -> PyResult<Key> {
-        if let Some(key) = &self.identifier {
-            return Ok(key.clone());
-        }
-        let key = Key::from(identifier_of(&self.feature)?.to_str()?);
-        self.identifier = Some(key.clone());
-        self.fresh = true;
-        Ok(key)
-    }
-
-    /// `request.get_num_encoder_embeds(i)`.
-    pub(crate) fn num_embeds(&mut self) -> PyResult<u64> {
-        if let Some(n) = self.num_embeds {
-            return Ok(n);
-        }
-        let n = num_embeds(&self.request, self.input_id)?;
-        self.num_embeds = Some(n);
-        self.fresh = true;
-        Ok(n)
-    }
-
-    /// Keeps what this call read.
-    pub(crate) fn remember(self, records: &mut ItemRecords) -> PyResult<()> {
-        if !self.fresh {
-            return Ok(());
-        }
-        let known = records.entry(&self.request, &self.id)?;
-        if known.calls.len() <= self.input_id {
-            known.calls.resize_with(self.input_id + 1, || None);
-        }
-        // What this call knew of the item came from the record for this very
-        // feature: that record is filled in (its reference to the feature is
-        // kept, not dropped and taken again); a record of another is replaced.
-        match &mut known.calls[self.input_id] {
-            Some(item) if item.feature.is(&self.feature) => {
-                item.identifier = self.identifier;
-                item.num_embeds = self.num_embeds;
+                IdRead::Always => self.request_id = Some(request_id(request)?),
             }
-            slot => {
-                *slot = Some(CallItem { feature: self.feature.unbind(), identifier: self.identifier, num_embeds: self.num_embeds })
-            }
+        }
+        if needs.num_embeds && !have.num_embeds && self.num_embeds.is_none() {
+            self.num_embeds = Some(num_embeds(request, input_id)?);
         }
         Ok(())
     }
+
+    fn input(&self) -> PyResult<CallInput<'_>> {
+        let request_id = self.request_id.as_ref().map(|id| id.to_str()).transpose()?;
+        Ok(CallInput { request_id, identifier: self.identifier.as_ref(), num_embeds: self.num_embeds })
+    }
+}
+
+impl ItemRecords {
+    /// What the records hold for input `input_id` of `request`, as read from `feature`.
+    fn call_input(&self, request: &Bound<'_, PyAny>, input_id: usize, feature: &Bound<'_, PyAny>) -> CallInput<'_> {
+        let Some(known) = self.get(request) else {
+            return CallInput { request_id: None, identifier: None, num_embeds: None };
+        };
+        let item = known.calls.get(input_id).and_then(Option::as_ref).filter(|item| item.feature.is(feature));
+        CallInput {
+            request_id: Some(&known.id),
+            identifier: item.and_then(|item| item.identifier.as_ref()),
+            num_embeds: item.and_then(|item| item.num_embeds),
+        }
+    }
+
+    /// Keeps what a call read of input `input_id` (from `feature`), unless
+    /// the records cannot place the request (not known, and its id unread).
+    fn remember(&mut self, request: &Bound<'_, PyAny>, input_id: usize, feature: &Bound<'_, PyAny>, fresh: &mut Fresh<'_>) -> PyResult<()> {
+        let known = match &fresh.request_id {
+            Some(id) => self.entry(request, &Name::Read(id.clone()))?,
+            None => match self.by_request.get_mut(&address(request)) {
+                Some(known) => known,
+                None => return Ok(()),
+            },
+        };
+        if known.calls.len() <= input_id {
+            known.calls.resize_with(input_id + 1, || None);
+        }
+        let slot = &mut known.calls[input_id];
+        // A record of another item object is replaced; one of this object is filled in.
+        let item = match slot {
+            Some(item) if item.feature.is(feature) => item,
+            _ => slot.insert(CallItem { feature: feature.clone().unbind(), identifier: None, num_embeds: None }),
+        };
+        // Moved, not copied: a call that finds its records incomplete afterwards reads again.
+        item.identifier = item.identifier.take().or_else(|| fresh.identifier.take());
+        item.num_embeds = item.num_embeds.or(fresh.num_embeds);
+        Ok(())
+    }
+}
+
+/// Runs `op` on the manager's cache with input `input_id` of `request`, as
+/// `needs` asks: `mm_features[input_id]` is read on every call; the rest
+/// comes from the records while that is the item they were read from, and
+/// is otherwise read (with the state not borrowed, so a read that calls back
+/// into the manager finds it usable) and recorded. When the records know
+/// everything, as on every call after an item's first, the call borrows the
+/// state once and copies nothing.
+pub(crate) fn with_input<'py, M: StepManager, R>(
+    manager: &Bound<'py, M>,
+    request: &Bound<'py, PyAny>,
+    input_id: usize,
+    needs: Needs,
+    op: impl FnOnce(&mut M::Cache, CallInput<'_>) -> PyResult<R>,
+) -> PyResult<R> {
+    let mut fresh = Fresh::default();
+    let feature = match feature(request, input_id) {
+        Ok(feature) => feature,
+        // vLLM's `can_allocate` reads the size alone, which a request may give without the item.
+        Err(err) if !needs.identifier && err.is_instance_of::<PyException>(request.py()) => {
+            fresh.num_embeds = Some(num_embeds(request, input_id)?);
+            return op(&mut write(manager)?.cache, fresh.input()?);
+        }
+        Err(err) => return Err(err),
+    };
+    let have = {
+        let mut state = write(manager)?;
+        let ManagerState { cache, records } = &mut *state;
+        let known = records.call_input(request, input_id, &feature);
+        if known.has(needs) {
+            return op(cache, known);
+        }
+        known.have()
+    };
+    fresh.read(request, input_id, &feature, needs, have)?;
+    {
+        let mut state = write(manager)?;
+        let ManagerState { cache, records } = &mut *state;
+        records.remember(request, input_id, &feature, &mut fresh)?;
+        let known = records.call_input(request, input_id, &feature);
+        if known.has(needs) {
+            return op(cache, known);
+        }
+    }
+    // The records could not keep it all: the request id could not be read,
+    // or a read called back into the manager and changed them.
+    let needs = Needs { request_id: if needs.request_id == IdRead::Always { IdRead::Always } else { IdRead::Never }, ..needs };
+    fresh.read(request, input_id, &feature, needs, Have::default())?;
+    op(&mut write(manager)?.cache, fresh.input()?)
 }
 
 /// Whether `set` holds exactly the ids of `inputs`, read straight from its

@@ -23,9 +23,11 @@ use std::sync::Arc;
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::pyclass::boolean_struct::True;
 use pyo3::types::{PyList, PyTuple};
 
 use super::request::{count, expect_str, input_index, request_id};
+use super::cell::{StateCell, StateMut, StateRef};
 use super::records::{ItemRecords, Name};
 use crate::cache::Key;
 use crate::step::{self, Item, Items, Scheduled, StepArgs, StepCache, StepError};
@@ -242,12 +244,33 @@ fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u6
     Ok(Item::new(Arc::from(identifier.to_str()?), offset, length, num_embeds, mask.as_deref()))
 }
 
-/// A manager class: its cache and its per-request records, which the
-/// step-level methods and the per-call reads (see `records`) both use.
-pub(crate) trait StepManager: pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::False> {
-    type Cache: StepCache;
-    fn records(&self) -> &ItemRecords;
-    fn parts(&mut self) -> (&mut Self::Cache, &mut ItemRecords);
+/// What a manager class keeps: its cache and its per-request records, which
+/// the step-level methods and the per-call reads (see `records`) both use.
+pub(crate) struct ManagerState<C> {
+    pub(crate) cache: C,
+    pub(crate) records: ItemRecords,
+}
+
+impl<C> ManagerState<C> {
+    pub(crate) fn new(cache: C) -> StateCell<Self> {
+        StateCell::new(Self { cache, records: ItemRecords::default() })
+    }
+}
+
+/// A manager class, frozen for PyO3: its state is in a [`StateCell`].
+pub(crate) trait StepManager: pyo3::PyClass<Frozen = True> + Sync {
+    type Cache: StepCache + Send;
+    fn cell(&self) -> &StateCell<ManagerState<Self::Cache>>;
+}
+
+/// The state of `manager`, to read.
+pub(crate) fn read<'a, M: StepManager>(manager: &'a Bound<'_, M>) -> PyResult<StateRef<'a, ManagerState<M::Cache>>> {
+    manager.get().cell().borrow(manager.py())
+}
+
+/// The state of `manager`, to change.
+pub(crate) fn write<'a, M: StepManager>(manager: &'a Bound<'_, M>) -> PyResult<StateMut<'a, ManagerState<M::Cache>>> {
+    manager.get().cell().borrow_mut(manager.py())
 }
 
 /// `try_schedule_encoder_inputs` of either manager class.
@@ -260,7 +283,7 @@ pub(crate) fn try_schedule_encoder_inputs<'py, M: StepManager>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     with_request(slf, request, |req| {
         req.load_window::<M::Cache>(args)?;
-        let out = req.try_schedule(slf.try_borrow_mut()?.parts().0, args, has_remote_item)?;
+        let out = req.try_schedule(&mut write(slf)?.cache, args, has_remote_item)?;
         req.result(out, on_mismatch)
     })
 }
@@ -274,7 +297,7 @@ pub(crate) fn allocate_encoder_inputs<M: StepManager>(
 ) -> PyResult<()> {
     with_request(slf, request, |req| {
         let (input_ids, repeated) = req.load_inputs(input_ids, duplicate_input_ids)?;
-        req.allocate(slf.try_borrow_mut()?.parts().0, &input_ids, &repeated)
+        req.allocate(&mut write(slf)?.cache, &input_ids, &repeated)
     })
 }
 
@@ -286,12 +309,12 @@ pub(crate) fn with_request<'py, M: StepManager, T>(
     request: &Bound<'py, PyAny>,
     work: impl FnOnce(&mut StepRequest<'py>) -> PyResult<T>,
 ) -> PyResult<T> {
-    let mut req = StepRequest::read(request, || Ok(slf.try_borrow_mut()?.parts().1.take_slots(request)))?;
+    let mut req = StepRequest::read(request, || Ok(write(slf)?.records.take_slots(request)))?;
     let out = work(&mut req);
     // A manager still borrowed (a failed re-entrant call) keeps no records: they are only a cache.
-    if let Ok(mut this) = slf.try_borrow_mut() {
+    if let Ok(mut state) = write(slf) {
         // Only a cache: an id that cannot be kept (not UTF-8) failed `work` already.
-        let _ = this.parts().1.keep_slots(request, &req.id, std::mem::take(&mut req.items));
+        let _ = state.records.keep_slots(request, &req.id, std::mem::take(&mut req.items));
     }
     out
 }
