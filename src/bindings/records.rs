@@ -23,7 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PySet, PyString};
 
 use super::request::{feature, identifier_of, num_embeds, request_id};
-use super::step::{read, write, ManagerState, Slot, StepManager};
+use super::step::{write, ManagerState, Slot, StepManager};
 use crate::cache::{shrink_when_sparse, Key};
 
 /// One item as the per-call methods read it, valid while `mm_features[i]` is `feature`.
@@ -40,8 +40,32 @@ struct Known {
     slots: Vec<Slot>,
     /// The per-call methods' records, by input id.
     calls: Vec<Option<CallItem>>,
-    /// The set `get_cached_input_ids` returned last (see [`ItemRecords::input_set`]).
+    /// The set `get_cached_input_ids` returned last (see [`Known::input_set`]).
     input_set: Option<Py<PySet>>,
+}
+
+impl Known {
+    /// `held` (the request's held input ids) as a set for
+    /// `get_cached_input_ids`, as good as a new one. The set built by an
+    /// earlier call is handed out again if no one else holds it any more and
+    /// it still equals `held` (its holder may have changed it before letting
+    /// go); otherwise a new one is built, and kept for the next call.
+    fn input_set<'py>(&mut self, py: Python<'py>, held: Option<&HashMap<usize, Key>>) -> PyResult<Bound<'py, PySet>> {
+        let Some(held) = held else {
+            return PySet::empty(py);
+        };
+        if let Some(kept) = &self.input_set {
+            let kept = kept.bind(py);
+            // SAFETY: the records hold the set, so the pointer is live.
+            let unshared = unsafe { ffi::Py_REFCNT(kept.as_ptr()) } == 1;
+            if unshared && equals(kept, held) {
+                return Ok(kept.clone());
+            }
+        }
+        let set = PySet::new(py, held.keys())?;
+        self.input_set = Some(set.clone().unbind());
+        Ok(set)
+    }
 }
 
 /// A request id or an item identifier: from the records, or read in this call.
@@ -132,32 +156,6 @@ impl ItemRecords {
         Ok(())
     }
 
-    /// The set of `inputs` (the request's held input ids) for
-    /// `get_cached_input_ids`, as good as a new one. The set built by an
-    /// earlier call is handed out again if no one else holds it any more and
-    /// it still equals `inputs` (its holder may have changed it before letting
-    /// go); otherwise a new one is built, and kept for the next call.
-    pub(crate) fn input_set<'py>(
-        &mut self,
-        request: &Bound<'py, PyAny>,
-        id: &Name<'py>,
-        inputs: &HashMap<usize, Key>,
-    ) -> PyResult<Bound<'py, PySet>> {
-        let py = request.py();
-        let known = self.entry(request, id)?;
-        if let Some(kept) = &known.input_set {
-            let kept = kept.bind(py);
-            // SAFETY: the records hold the set, so the pointer is live.
-            let unshared = unsafe { ffi::Py_REFCNT(kept.as_ptr()) } == 1;
-            if unshared && equals(kept, inputs) {
-                return Ok(kept.clone());
-            }
-        }
-        let set = PySet::new(py, inputs.keys())?;
-        known.input_set = Some(set.clone().unbind());
-        Ok(set)
-    }
-
     pub(crate) fn forget(&mut self, request: &Bound<'_, PyAny>) {
         self.by_request.remove(&address(request));
         shrink_when_sparse(&mut self.by_request);
@@ -181,12 +179,30 @@ impl ItemRecords {
     }
 }
 
-/// `request.request_id`, from the records if they know the request.
-pub(crate) fn id_of<'py, M: StepManager>(manager: &Bound<'py, M>, request: &Bound<'py, PyAny>) -> PyResult<Name<'py>> {
-    if let Some(known) = read(manager)?.records.get(request) {
-        return Ok(Name::Known(known.id.clone()));
+/// `get_cached_input_ids`: the input ids `held` finds in the manager's cache
+/// for `request.request_id` (from the records if they know the request, else
+/// read first), as a set (see [`Known::input_set`]).
+pub(crate) fn held_input_set<'py, M: StepManager>(
+    manager: &Bound<'py, M>,
+    request: &Bound<'py, PyAny>,
+    held: impl for<'a> Fn(&'a M::Cache, &str) -> Option<&'a HashMap<usize, Key>>,
+) -> PyResult<Bound<'py, PySet>> {
+    let py = request.py();
+    {
+        let mut state = write(manager)?;
+        let ManagerState { cache, records } = &mut *state;
+        if let Some(known) = records.by_request.get_mut(&address(request)) {
+            let inputs = held(cache, &known.id);
+            return known.input_set(py, inputs);
+        }
     }
-    Ok(Name::Read(request_id(request)?))
+    let id = request_id(request)?;
+    let mut state = write(manager)?;
+    let ManagerState { cache, records } = &mut *state;
+    match held(cache, id.to_str()?) {
+        Some(inputs) => records.entry(request, &Name::Read(id))?.input_set(py, Some(inputs)),
+        None => PySet::empty(py),
+    }
 }
 
 /// Runs `op` on the manager's cache with `request.request_id`: from the
