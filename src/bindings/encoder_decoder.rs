@@ -193,16 +193,11 @@ impl PyEncoderDecoderCacheManager {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        match self.state.borrow_to_visit(&visit) {
-            Some(state) => state.records.traverse(&visit),
-            None => Ok(()),
-        }
+        step::traverse(self, &visit)
     }
 
     fn __clear__(slf: &Bound<'_, Self>) {
-        if let Ok(mut state) = write(slf) {
-            state.records.clear();
-        }
+        step::clear(slf);
     }
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {

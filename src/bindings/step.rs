@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::intern;
+use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
 use pyo3::pyclass::boolean_struct::True;
 use pyo3::types::{PyList, PyTuple};
@@ -271,6 +272,23 @@ pub(crate) fn read<'a, M: StepManager>(manager: &'a Bound<'_, M>) -> PyResult<St
 /// The state of `manager`, to change.
 pub(crate) fn write<'a, M: StepManager>(manager: &'a Bound<'_, M>) -> PyResult<StateMut<'a, ManagerState<M::Cache>>> {
     manager.get().cell().borrow_mut(manager.py())
+}
+
+/// `__traverse__` of either manager class: the objects its records hold,
+/// unless a call is changing them (the collector then sees them as held from outside).
+pub(crate) fn traverse<M: StepManager>(manager: &M, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+    match manager.cell().borrow_to_visit(visit) {
+        Some(state) => state.records.traverse(visit),
+        None => Ok(()),
+    }
+}
+
+/// `__clear__` of either manager class: drops the records, which may close a
+/// reference cycle through a request; skipped while a call holds the state.
+pub(crate) fn clear<M: StepManager>(manager: &Bound<'_, M>) {
+    if let Ok(mut state) = write(manager) {
+        state.records.clear();
+    }
 }
 
 /// `try_schedule_encoder_inputs` of either manager class.
