@@ -133,6 +133,38 @@ def test_a_grown_feature_list_reads_only_the_new_items() -> None:
     assert request.size_calls == [1, 1]
 
 
+class FreeingFeature(CountingFeature):
+    """A feature whose first identifier read frees its request from the manager."""
+
+    manager = None
+    request = None
+
+    @property
+    def identifier(self) -> str:
+        if self.identifier_reads == 0:
+            self.manager.free(self.request)
+        return super().identifier
+
+
+@pytest.mark.parametrize("call", ["check_and_update_cache", "allocate"])
+def test_a_read_that_frees_the_request_mid_call_is_served_as_vllm_serves_it(call: str) -> None:
+    """The records knew the request when the call began and were dropped by
+    the read: the call goes on with what it read, and the state matches the
+    pure-Python manager's."""
+    states = []
+    for cls in (encoder_cache.EncoderCacheManager, reference.EncoderCacheManager):
+        manager = cls(100)
+        late = FreeingFeature("b", 5, 2)
+        request = CountingRequest("r", [CountingFeature("a", 0, 4), late])
+        late.manager, late.request = manager, request
+        assert not schedule_one(manager, request, 0)
+        assert getattr(manager, call)(request, 1) in (False, None)
+        states.append(state(manager))
+    assert states[0] == states[1]
+    expected_held = {"r": {1}} if call == "allocate" else {}
+    assert states[0]["request_cached_ids"] == expected_held
+
+
 class SizeOnly:
     """Only what vLLM's can_allocate reads: no request id, no features."""
 
@@ -144,6 +176,22 @@ class SizeOnly:
 def test_can_allocate_asks_a_request_it_cannot_place_for_the_size(budget: int, expected: bool) -> None:
     managers = [encoder_cache.EncoderCacheManager(10), reference.EncoderCacheManager(10)]
     assert [m.can_allocate(SizeOnly(), 0, budget, 0) for m in managers] == [expected, expected]
+
+
+def test_can_allocate_serves_a_request_without_an_id_asking_for_the_size_once() -> None:
+    """Items but no request id: nothing can be recorded, and the size is still read only once."""
+
+    class Anonymous(SizeOnly):
+        mm_features = [MultiModalFeature("a", PlaceholderRange(0, 8))]
+        size_calls = 0
+
+        def get_num_encoder_embeds(self, input_id: int) -> int:
+            Anonymous.size_calls += 1
+            return super().get_num_encoder_embeds(input_id)
+
+    managers = [encoder_cache.EncoderCacheManager(10), reference.EncoderCacheManager(10)]
+    assert [m.can_allocate(Anonymous(), 0, 8, 0) for m in managers] == [True, True]
+    assert Anonymous.size_calls == 2
 
 
 def test_can_allocate_does_not_swallow_an_interrupt() -> None:
