@@ -8,10 +8,11 @@
 //! the same item at several input positions (an image re-sent in every turn of
 //! a chat) keeps its reference until its last cached occurrence is freed.
 
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use hashbrown::hash_map::EntryRef;
-use hashbrown::{HashMap, HashSet};
+use hashbrown::{Equivalent, HashMap, HashSet};
 
 mod eviction;
 mod state;
@@ -20,6 +21,63 @@ pub use state::{CacheState, EntryState, InvariantViolation, RequestState};
 
 /// An item identifier (vLLM's `mm_hash`) or a request id, shared between maps.
 pub type Key = Arc<str>;
+
+/// A request id or identifier as the core's methods take it: a `&str`, or a
+/// [`Key`] the caller already holds. A held key is compared by pointer before
+/// its text (no `memcmp` when it is the core's own), and is shared rather than
+/// copied when the core keeps it.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyArg<'a> {
+    text: &'a str,
+    held: Option<&'a Key>,
+}
+
+impl<'a> From<&'a str> for KeyArg<'a> {
+    fn from(text: &'a str) -> Self {
+        Self { text, held: None }
+    }
+}
+
+impl<'a> From<&'a String> for KeyArg<'a> {
+    fn from(text: &'a String) -> Self {
+        Self { text, held: None }
+    }
+}
+
+impl<'a> From<&'a Key> for KeyArg<'a> {
+    fn from(key: &'a Key) -> Self {
+        Self { text: key, held: Some(key) }
+    }
+}
+
+impl KeyArg<'_> {
+    pub fn as_str(&self) -> &str {
+        self.text
+    }
+
+    fn names(&self, key: &Key) -> bool {
+        self.held.is_some_and(|held| Arc::ptr_eq(held, key)) || self.text == &**key
+    }
+}
+
+/// Hashes as the text, as a [`Key`] does, so either finds the other in a map.
+impl Hash for KeyArg<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
+    }
+}
+
+impl Equivalent<Key> for KeyArg<'_> {
+    fn equivalent(&self, key: &Key) -> bool {
+        self.names(key)
+    }
+}
+
+impl From<&KeyArg<'_>> for Key {
+    fn from(arg: &KeyArg<'_>) -> Key {
+        arg.held.cloned().unwrap_or_else(|| Key::from(arg.text))
+    }
+}
 
 /// Why an operation was refused. A refused operation changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,11 +166,12 @@ impl Referrers {
         }
     }
 
-    pub fn contains(&self, request_id: &str) -> bool {
+    pub fn contains<'a>(&self, request_id: impl Into<KeyArg<'a>>) -> bool {
+        let request_id = request_id.into();
         match self {
             Self::None => false,
-            Self::One(key) => **key == *request_id,
-            Self::Many(set) => set.contains(request_id),
+            Self::One(key) => request_id.names(key),
+            Self::Many(set) => set.contains(&request_id),
         }
     }
 
@@ -137,18 +196,19 @@ impl Referrers {
     }
 
     /// Remove `request_id`; false if it was not there.
-    pub fn remove(&mut self, request_id: &str) -> bool {
+    pub fn remove<'a>(&mut self, request_id: impl Into<KeyArg<'a>>) -> bool {
+        let request_id = request_id.into();
         match self {
             Self::None => false,
             Self::One(key) => {
-                let found = **key == *request_id;
+                let found = request_id.names(key);
                 if found {
                     *self = Self::None;
                 }
                 found
             }
             Self::Many(set) => {
-                let found = set.remove(request_id);
+                let found = set.remove(&request_id);
                 let last = if set.len() == 1 { set.drain().next() } else { None };
                 if let Some(key) = last {
                     *self = Self::One(key);
@@ -264,19 +324,25 @@ impl EncoderCache {
     }
 
     /// The embedding count stored for `identifier`, if it is cached.
-    pub fn cached_num_embeds(&self, identifier: &str) -> Option<u64> {
-        self.entries.get(identifier).map(|e| e.num_embeds)
+    pub fn cached_num_embeds<'a>(&self, identifier: impl Into<KeyArg<'a>>) -> Option<u64> {
+        self.entries.get(&identifier.into()).map(|e| e.num_embeds)
     }
 
     /// If `identifier` is cached, record that `request_id` uses it at
     /// `input_id` (taking it off the eviction list if it was unreferenced) and
     /// return true. An input the request already holds is a hit that changes
     /// nothing, or an error if it is held as another item.
-    pub fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> Result<bool, CacheError> {
+    pub fn check_and_update_cache<'a>(
+        &mut self,
+        request_id: impl Into<KeyArg<'a>>,
+        input_id: usize,
+        identifier: impl Into<KeyArg<'a>>,
+    ) -> Result<bool, CacheError> {
+        let (request_id, identifier) = (request_id.into(), identifier.into());
         if self.check_input(request_id, input_id, identifier)? {
             return Ok(true);
         }
-        let Some((key, entry)) = self.entries.get_key_value_mut(identifier) else {
+        let Some((key, entry)) = self.entries.get_key_value_mut(&identifier) else {
             return Ok(false);
         };
         let taken_back = entry.referrers.is_empty();
@@ -296,15 +362,15 @@ impl EncoderCache {
 
     /// Whether `request_id` already holds `input_id` as `identifier`; an error
     /// if it holds it as another item.
-    fn check_input(&self, request_id: &str, input_id: usize, identifier: &str) -> Result<bool, CacheError> {
-        match self.requests.get(request_id).and_then(|r| r.inputs.get(&input_id)) {
+    fn check_input(&self, request_id: KeyArg<'_>, input_id: usize, identifier: KeyArg<'_>) -> Result<bool, CacheError> {
+        match self.requests.get(&request_id).and_then(|r| r.inputs.get(&input_id)) {
             None => Ok(false),
-            Some(held) if &**held == identifier => Ok(true),
+            Some(held) if identifier.names(held) => Ok(true),
             Some(held) => Err(CacheError::InputHeld {
-                request_id: request_id.to_owned(),
+                request_id: request_id.as_str().to_owned(),
                 input_id,
                 held: held.to_string(),
-                given: identifier.to_owned(),
+                given: identifier.as_str().to_owned(),
             }),
         }
     }
@@ -330,7 +396,7 @@ impl EncoderCache {
             let Some((stamp, key)) = self.eviction.pop() else {
                 break;
             };
-            match self.entries.entry_ref(&*key) {
+            match self.entries.entry_ref(&KeyArg::from(&key)) {
                 EntryRef::Occupied(entry) if entry.get().released == stamp => {
                     self.num_free_slots += entry.remove().num_embeds;
                     self.freed.push(key);
@@ -344,7 +410,14 @@ impl EncoderCache {
     /// Reserve space for a newly encoded item, referenced by `request_id` at
     /// `input_id`. On error nothing changes. A [`Key`] the caller already has
     /// is shared rather than copied.
-    pub fn allocate(&mut self, request_id: &str, input_id: usize, identifier: impl Into<Key>, num_embeds: u64) -> Result<(), CacheError> {
+    pub fn allocate<'a>(
+        &mut self,
+        request_id: impl Into<KeyArg<'a>>,
+        input_id: usize,
+        identifier: impl Into<Key>,
+        num_embeds: u64,
+    ) -> Result<(), CacheError> {
+        let request_id = request_id.into();
         let slot = match self.entries.entry(identifier.into()) {
             hashbrown::hash_map::Entry::Vacant(slot) => slot,
             hashbrown::hash_map::Entry::Occupied(cached) => {
@@ -363,10 +436,10 @@ impl EncoderCache {
                 freeable: self.num_freeable_slots,
             });
         }
-        if let Some(held) = self.requests.get(request_id).and_then(|r| r.inputs.get(&input_id)) {
+        if let Some(held) = self.requests.get(&request_id).and_then(|r| r.inputs.get(&input_id)) {
             // Not as this item, which is not cached.
             return Err(CacheError::InputHeld {
-                request_id: request_id.to_owned(),
+                request_id: request_id.as_str().to_owned(),
                 input_id,
                 held: held.to_string(),
                 given: slot.key().to_string(),
@@ -381,21 +454,22 @@ impl EncoderCache {
     }
 
     /// The input positions `request_id` holds cached.
-    pub fn cached_input_ids(&self, request_id: &str) -> Option<&HashMap<usize, Key>> {
-        self.requests.get(request_id).map(|r| &r.inputs)
+    pub fn cached_input_ids<'a>(&self, request_id: impl Into<KeyArg<'a>>) -> Option<&HashMap<usize, Key>> {
+        self.requests.get(&request_id.into()).map(|r| &r.inputs)
     }
 
     /// Whether `request_id` holds `input_id` cached.
-    pub fn holds_input(&self, request_id: &str, input_id: usize) -> bool {
-        self.requests.get(request_id).is_some_and(|r| r.inputs.contains_key(&input_id))
+    pub fn holds_input<'a>(&self, request_id: impl Into<KeyArg<'a>>, input_id: usize) -> bool {
+        self.requests.get(&request_id.into()).is_some_and(|r| r.inputs.contains_key(&input_id))
     }
 
     /// Drop the request's hold on one input position; false if it held none
     /// there. The request's reference to the item goes only with its last
     /// occurrence; an entry left with no referrer becomes evictable, but stays
     /// until space is needed.
-    pub fn free_encoder_input(&mut self, request_id: &str, input_id: usize) -> bool {
-        let Some(refs) = self.requests.get_mut(request_id) else {
+    pub fn free_encoder_input<'a>(&mut self, request_id: impl Into<KeyArg<'a>>, input_id: usize) -> bool {
+        let request_id = request_id.into();
+        let Some(refs) = self.requests.get_mut(&request_id) else {
             return false;
         };
         let Some(identifier) = refs.inputs.remove(&input_id) else {
@@ -403,7 +477,7 @@ impl EncoderCache {
         };
         let last_occurrence = Self::drop_occurrence(&mut refs.repeats, &identifier);
         if refs.inputs.is_empty() {
-            self.requests.remove(request_id);
+            self.requests.remove(&request_id);
             shrink_when_sparse(&mut self.requests);
         }
         if last_occurrence {
@@ -415,8 +489,9 @@ impl EncoderCache {
     /// Drop every hold `request_id` has (a finished, aborted or preempted
     /// request). Positions are walked in ascending order, so entries become
     /// evictable in the order of their last occurrence.
-    pub fn free(&mut self, request_id: &str) {
-        let Some(RequestRefs { inputs, mut repeats, .. }) = self.requests.remove(request_id) else {
+    pub fn free<'a>(&mut self, request_id: impl Into<KeyArg<'a>>) {
+        let request_id = request_id.into();
+        let Some(RequestRefs { inputs, mut repeats, .. }) = self.requests.remove(&request_id) else {
             return;
         };
         shrink_when_sparse(&mut self.requests);
@@ -439,7 +514,7 @@ impl EncoderCache {
         freed
     }
 
-    fn release(&mut self, request_id: &str, identifier: &Key) {
+    fn release(&mut self, request_id: KeyArg<'_>, identifier: &Key) {
         let Some(entry) = self.entries.get_mut(identifier) else {
             return;
         };
@@ -454,7 +529,7 @@ impl EncoderCache {
         if repeats.is_empty() {
             return true; // the common case, without hashing the identifier
         }
-        match repeats.entry_ref(&**identifier) {
+        match repeats.entry_ref(&KeyArg::from(identifier)) {
             EntryRef::Occupied(mut count) if *count.get() > 1 => {
                 *count.get_mut() -= 1;
                 false
@@ -468,8 +543,8 @@ impl EncoderCache {
     }
 
     /// The request's holdings and its shared id, created on first use.
-    fn request_refs<'a>(requests: &'a mut HashMap<Key, RequestRefs>, request_id: &str) -> (Key, &'a mut RequestRefs) {
-        let entry = match requests.entry_ref(request_id) {
+    fn request_refs<'a>(requests: &'a mut HashMap<Key, RequestRefs>, request_id: KeyArg<'_>) -> (Key, &'a mut RequestRefs) {
+        let entry = match requests.entry_ref(&request_id) {
             EntryRef::Occupied(entry) => entry,
             EntryRef::Vacant(entry) => entry.insert_entry(RequestRefs::default()),
         };

@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use hashbrown::HashMap;
 
-use crate::cache::{CacheError, EncoderCache, Key};
+use crate::cache::{CacheError, EncoderCache, Key, KeyArg};
 use crate::encoder_decoder::EncoderDecoderCache;
 
 /// One multimodal item of a request, as a step needs it.
@@ -192,24 +192,24 @@ pub trait StepCache {
     /// shared between requests, and no item is ever split or rolled back for
     /// chunking.
     const ENCODER_DECODER: bool;
-    fn cached_num_embeds(&self, identifier: &str) -> Option<u64>;
-    fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> Result<bool, CacheError>;
+    fn cached_num_embeds(&self, identifier: &Key) -> Option<u64>;
+    fn check_and_update_cache(&mut self, request_id: KeyArg<'_>, input_id: usize, identifier: &Key) -> Result<bool, CacheError>;
     fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool;
-    fn allocate(&mut self, request_id: &str, input_id: usize, item: &Item) -> Result<(), CacheError>;
+    fn allocate(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<(), CacheError>;
     /// The request's held inputs, in no particular order.
-    fn held_inputs(&self, request_id: &str, num_items: usize) -> impl Iterator<Item = usize> + '_;
+    fn held_inputs(&self, request_id: KeyArg<'_>, num_items: usize) -> impl Iterator<Item = usize> + '_;
     /// Frees the request's `input_ids`: all of them, or none on an error.
-    fn free_inputs<I: Items + ?Sized>(&mut self, request_id: &str, items: &I, input_ids: &[usize]) -> Result<(), StepError>;
+    fn free_inputs<I: Items + ?Sized>(&mut self, request_id: KeyArg<'_>, items: &I, input_ids: &[usize]) -> Result<(), StepError>;
 }
 
 impl StepCache for EncoderCache {
     const ENCODER_DECODER: bool = false;
 
-    fn cached_num_embeds(&self, identifier: &str) -> Option<u64> {
+    fn cached_num_embeds(&self, identifier: &Key) -> Option<u64> {
         EncoderCache::cached_num_embeds(self, identifier)
     }
 
-    fn check_and_update_cache(&mut self, request_id: &str, input_id: usize, identifier: &str) -> Result<bool, CacheError> {
+    fn check_and_update_cache(&mut self, request_id: KeyArg<'_>, input_id: usize, identifier: &Key) -> Result<bool, CacheError> {
         EncoderCache::check_and_update_cache(self, request_id, input_id, identifier)
     }
 
@@ -217,16 +217,16 @@ impl StepCache for EncoderCache {
         EncoderCache::can_allocate(self, num_embeds, encoder_compute_budget, num_embeds_to_schedule)
     }
 
-    fn allocate(&mut self, request_id: &str, input_id: usize, item: &Item) -> Result<(), CacheError> {
+    fn allocate(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<(), CacheError> {
         EncoderCache::allocate(self, request_id, input_id, item.identifier.clone(), item.num_embeds)
     }
 
-    fn held_inputs(&self, request_id: &str, _num_items: usize) -> impl Iterator<Item = usize> + '_ {
+    fn held_inputs(&self, request_id: KeyArg<'_>, _num_items: usize) -> impl Iterator<Item = usize> + '_ {
         self.cached_input_ids(request_id).into_iter().flat_map(|inputs| inputs.keys().copied())
     }
 
     /// By position alone: no item record is needed.
-    fn free_inputs<I: Items + ?Sized>(&mut self, request_id: &str, _items: &I, input_ids: &[usize]) -> Result<(), StepError> {
+    fn free_inputs<I: Items + ?Sized>(&mut self, request_id: KeyArg<'_>, _items: &I, input_ids: &[usize]) -> Result<(), StepError> {
         for &input_id in input_ids {
             self.free_encoder_input(request_id, input_id);
         }
@@ -237,11 +237,11 @@ impl StepCache for EncoderCache {
 impl StepCache for EncoderDecoderCache {
     const ENCODER_DECODER: bool = true;
 
-    fn cached_num_embeds(&self, _identifier: &str) -> Option<u64> {
+    fn cached_num_embeds(&self, _identifier: &Key) -> Option<u64> {
         None
     }
 
-    fn check_and_update_cache(&mut self, _request_id: &str, _input_id: usize, _identifier: &str) -> Result<bool, CacheError> {
+    fn check_and_update_cache(&mut self, _request_id: KeyArg<'_>, _input_id: usize, _identifier: &Key) -> Result<bool, CacheError> {
         Ok(false)
     }
 
@@ -249,18 +249,18 @@ impl StepCache for EncoderDecoderCache {
         EncoderDecoderCache::can_allocate(self, num_embeds, encoder_compute_budget, num_embeds_to_schedule)
     }
 
-    fn allocate(&mut self, _request_id: &str, _input_id: usize, item: &Item) -> Result<(), CacheError> {
+    fn allocate(&mut self, _request_id: KeyArg<'_>, _input_id: usize, item: &Item) -> Result<(), CacheError> {
         EncoderDecoderCache::allocate(self, item.identifier.clone(), item.num_embeds);
         Ok(())
     }
 
     /// Every item counts as held until the decoder starts.
-    fn held_inputs(&self, _request_id: &str, num_items: usize) -> impl Iterator<Item = usize> + '_ {
+    fn held_inputs(&self, _request_id: KeyArg<'_>, num_items: usize) -> impl Iterator<Item = usize> + '_ {
         0..num_items
     }
 
     /// By size: needs the records of `input_ids`.
-    fn free_inputs<I: Items + ?Sized>(&mut self, _request_id: &str, items: &I, input_ids: &[usize]) -> Result<(), StepError> {
+    fn free_inputs<I: Items + ?Sized>(&mut self, _request_id: KeyArg<'_>, items: &I, input_ids: &[usize]) -> Result<(), StepError> {
         let sizes = input_ids.iter().map(|&i| Ok(items.item(i)?.num_embeds)).collect::<Result<Vec<u64>, StepError>>()?;
         for n in sizes {
             self.free_encoder_input(n);
@@ -314,13 +314,14 @@ pub fn window<I: Items + ?Sized>(items: &I, args: StepArgs, encoder_decoder: boo
 /// offset). Hits are taken and evictions made as the loop goes, so they stand
 /// even when the step is cut short or rejected, as in vLLM.
 /// `has_remote_item(identifier)` says whether a remote cache holds an item.
-pub fn try_schedule<C: StepCache, I: Items + ?Sized, E: From<StepError>>(
+pub fn try_schedule<'a, C: StepCache, I: Items + ?Sized, E: From<StepError>>(
     cache: &mut C,
-    request_id: &str,
+    request_id: impl Into<KeyArg<'a>>,
     items: &I,
     args: StepArgs,
     has_remote_item: &mut dyn FnMut(&Key) -> Result<bool, E>,
 ) -> Result<Scheduled, E> {
+    let request_id = request_id.into();
     let mut out = Scheduled {
         num_new_tokens: args.num_new_tokens,
         encoder_compute_budget: args.encoder_compute_budget,
@@ -419,13 +420,14 @@ fn records<'a, I: Items + ?Sized>(items: &'a I, input_ids: &[usize]) -> Result<V
 /// vLLM's `_allocate_encoder_inputs`: allocate each of `input_ids`, then take
 /// the hit for each of `repeated` (items repeated within the step). Ids are
 /// checked first; an allocation the cache refuses stops the call there.
-pub fn allocate_inputs<C: StepCache, I: Items + ?Sized>(
+pub fn allocate_inputs<'a, C: StepCache, I: Items + ?Sized>(
     cache: &mut C,
-    request_id: &str,
+    request_id: impl Into<KeyArg<'a>>,
     items: &I,
     input_ids: &[usize],
     repeated: &[usize],
 ) -> Result<(), StepError> {
+    let request_id = request_id.into();
     let (to_allocate, to_hit) = (records(items, input_ids)?, records(items, repeated)?);
     for (&input_id, item) in input_ids.iter().zip(to_allocate) {
         cache.allocate(request_id, input_id, item)?;
@@ -439,13 +441,14 @@ pub fn allocate_inputs<C: StepCache, I: Items + ?Sized>(
 /// The held inputs [`free_inputs_before`] frees, ascending: those whose
 /// placeholder ends at or before `position`, or with encoder-decoder rules all
 /// of them once `decoder_started` (the request has computed a token).
-pub fn inputs_to_free<C: StepCache, I: Items + ?Sized>(
+pub fn inputs_to_free<'a, C: StepCache, I: Items + ?Sized>(
     cache: &C,
-    request_id: &str,
+    request_id: impl Into<KeyArg<'a>>,
     items: &I,
     position: i64,
     decoder_started: bool,
 ) -> Result<Vec<usize>, StepError> {
+    let request_id = request_id.into();
     let all = C::ENCODER_DECODER && decoder_started;
     let num_items = items.num_items();
     let mut done = Vec::new();
@@ -460,13 +463,14 @@ pub fn inputs_to_free<C: StepCache, I: Items + ?Sized>(
 }
 
 /// vLLM's `_free_encoder_inputs`: free [`inputs_to_free`] and return them.
-pub fn free_inputs_before<C: StepCache, I: Items + ?Sized>(
+pub fn free_inputs_before<'a, C: StepCache, I: Items + ?Sized>(
     cache: &mut C,
-    request_id: &str,
+    request_id: impl Into<KeyArg<'a>>,
     items: &I,
     position: i64,
     decoder_started: bool,
 ) -> Result<Vec<usize>, StepError> {
+    let request_id = request_id.into();
     let done = inputs_to_free(cache, request_id, items, position, decoder_started)?;
     cache.free_inputs(request_id, items, &done)?;
     Ok(done)

@@ -24,7 +24,7 @@ use pyo3::types::{PySet, PyString};
 
 use super::request::{feature, identifier_of, num_embeds, request_id};
 use super::step::{write, ManagerState, Slot, StepManager};
-use crate::cache::{shrink_when_sparse, Key};
+use crate::cache::{shrink_when_sparse, Key, KeyArg};
 
 /// One item as the per-call methods read it, valid while `mm_features[i]` is `feature`.
 struct CallItem {
@@ -75,10 +75,11 @@ pub(crate) enum Name<'py> {
 }
 
 impl Name<'_> {
-    pub(crate) fn as_str(&self) -> PyResult<&str> {
+    /// For the core: a known key is shared and compared by pointer.
+    pub(crate) fn arg(&self) -> PyResult<KeyArg<'_>> {
         match self {
-            Self::Known(key) => Ok(key),
-            Self::Read(id) => id.to_str(),
+            Self::Known(key) => Ok(KeyArg::from(key)),
+            Self::Read(id) => Ok(KeyArg::from(id.to_str()?)),
         }
     }
 
@@ -185,21 +186,21 @@ impl ItemRecords {
 pub(crate) fn held_input_set<'py, M: StepManager>(
     manager: &Bound<'py, M>,
     request: &Bound<'py, PyAny>,
-    held: impl for<'a> Fn(&'a M::Cache, &str) -> Option<&'a HashMap<usize, Key>>,
+    held: impl for<'a> Fn(&'a M::Cache, KeyArg<'_>) -> Option<&'a HashMap<usize, Key>>,
 ) -> PyResult<Bound<'py, PySet>> {
     let py = request.py();
     {
         let mut state = write(manager)?;
         let ManagerState { cache, records } = &mut *state;
         if let Some(known) = records.by_request.get_mut(&address(request)) {
-            let inputs = held(cache, &known.id);
+            let inputs = held(cache, KeyArg::from(&known.id));
             return known.input_set(py, inputs);
         }
     }
     let id = request_id(request)?;
     let mut state = write(manager)?;
     let ManagerState { cache, records } = &mut *state;
-    match held(cache, id.to_str()?) {
+    match held(cache, KeyArg::from(id.to_str()?)) {
         Some(inputs) => records.entry(request, &Name::Read(id))?.input_set(py, Some(inputs)),
         None => PySet::empty(py),
     }
@@ -210,17 +211,17 @@ pub(crate) fn held_input_set<'py, M: StepManager>(
 pub(crate) fn with_request_id<'py, M: StepManager, R>(
     manager: &Bound<'py, M>,
     request: &Bound<'py, PyAny>,
-    op: impl FnOnce(&mut M::Cache, &str) -> R,
+    op: impl FnOnce(&mut M::Cache, KeyArg<'_>) -> R,
 ) -> PyResult<R> {
     {
         let mut state = write(manager)?;
         let ManagerState { cache, records } = &mut *state;
         if let Some(known) = records.get(request) {
-            return Ok(op(cache, &known.id));
+            return Ok(op(cache, KeyArg::from(&known.id)));
         }
     }
     let id = request_id(request)?;
-    Ok(op(&mut write(manager)?.cache, id.to_str()?))
+    Ok(op(&mut write(manager)?.cache, KeyArg::from(id.to_str()?)))
 }
 
 /// When a per-call method reads `request.request_id`.
@@ -258,7 +259,7 @@ impl Needs {
 /// borrowed from the records (or from this call's reads, when the records
 /// could not keep them).
 pub(crate) struct CallInput<'a> {
-    request_id: Option<&'a str>,
+    request_id: Option<KeyArg<'a>>,
     identifier: Option<&'a Key>,
     num_embeds: Option<u64>,
 }
@@ -269,7 +270,7 @@ fn not_read(what: &str) -> PyErr {
 }
 
 impl<'a> CallInput<'a> {
-    pub(crate) fn request_id(&self) -> PyResult<&'a str> {
+    pub(crate) fn request_id(&self) -> PyResult<KeyArg<'a>> {
         self.request_id.ok_or_else(|| not_read("request_id"))
     }
 
@@ -336,7 +337,7 @@ impl<'py> Fresh<'py> {
     }
 
     fn input(&self) -> PyResult<CallInput<'_>> {
-        let request_id = self.request_id.as_ref().map(|id| id.to_str()).transpose()?;
+        let request_id = self.request_id.as_ref().map(|id| id.to_str().map(KeyArg::from)).transpose()?;
         Ok(CallInput { request_id, identifier: self.identifier.as_ref(), num_embeds: self.num_embeds })
     }
 }
@@ -349,7 +350,7 @@ impl ItemRecords {
         };
         let item = known.calls.get(input_id).and_then(Option::as_ref).filter(|item| item.feature.is(feature));
         CallInput {
-            request_id: Some(&known.id),
+            request_id: Some(KeyArg::from(&known.id)),
             identifier: item.and_then(|item| item.identifier.as_ref()),
             num_embeds: item.and_then(|item| item.num_embeds),
         }

@@ -151,7 +151,7 @@ impl<'py> StepRequest<'py> {
     /// The held inputs [`StepRequest::free_before`] would free: the items to
     /// [`StepRequest::load`] first for a cache that frees by size.
     pub(crate) fn to_free<C: StepCache>(&self, cache: &C, position: i64, decoder_started: bool) -> PyResult<Vec<usize>> {
-        Ok(step::inputs_to_free(cache, self.id.as_str()?, self.items.as_slice(), position, decoder_started)?)
+        Ok(step::inputs_to_free(cache, self.id.arg()?, self.items.as_slice(), position, decoder_started)?)
     }
 
     /// [`step::try_schedule`], asking `has_remote_item(identifier)` when given.
@@ -161,7 +161,7 @@ impl<'py> StepRequest<'py> {
         args: StepArgs,
         has_remote_item: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Scheduled> {
-        let id = self.id.as_str()?;
+        let id = self.id.arg()?;
         let mut remote = |identifier: &Key| match has_remote_item {
             Some(callback) => callback.call1((&**identifier,))?.is_truthy(),
             None => Ok(false),
@@ -171,12 +171,12 @@ impl<'py> StepRequest<'py> {
 
     /// [`step::allocate_inputs`], for ids from [`StepRequest::load_inputs`].
     fn allocate<C: StepCache>(&self, cache: &mut C, input_ids: &[usize], repeated: &[usize]) -> PyResult<()> {
-        Ok(step::allocate_inputs(cache, self.id.as_str()?, self.items.as_slice(), input_ids, repeated)?)
+        Ok(step::allocate_inputs(cache, self.id.arg()?, self.items.as_slice(), input_ids, repeated)?)
     }
 
     /// [`step::free_inputs_before`].
     pub(crate) fn free_before<C: StepCache>(&self, cache: &mut C, position: i64, decoder_started: bool) -> PyResult<Vec<usize>> {
-        Ok(step::free_inputs_before(cache, self.id.as_str()?, self.items.as_slice(), position, decoder_started)?)
+        Ok(step::free_inputs_before(cache, self.id.arg()?, self.items.as_slice(), position, decoder_started)?)
     }
 
     /// vLLM's step result tuple; a mismatch is reported to `on_mismatch`
