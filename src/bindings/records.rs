@@ -13,6 +13,11 @@
 //! per-call methods (vLLM's `check_and_update_cache`, `can_allocate`,
 //! `allocate`); the step-level methods keep their own [`Slot`]s (see `step`).
 //! A vLLM request never changes these once it has them.
+//!
+//! A per-call method that finds what it needs here runs the core operation on
+//! references into the records, under one borrow of the state, copying no key
+//! ([`with_input`], [`with_request_id`]); on an item's first sight it reads
+//! what is missing with the state not borrowed, records it, and borrows again.
 
 use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
