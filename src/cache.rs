@@ -585,6 +585,27 @@ mod tests {
     }
 
     #[test]
+    fn a_held_key_is_shared_when_stored_and_found_by_text_or_by_pointer() {
+        let mut cache = EncoderCache::new(8);
+        let (request, item): (Key, Key) = (Key::from("r"), Key::from("imgA"));
+        cache.allocate(&request, 0, item.clone(), 4).unwrap();
+        let (stored_request, _) = cache.requests().get_key_value("r").unwrap();
+        let (stored_item, entry) = cache.entries().get_key_value("imgA").unwrap();
+        assert!(Arc::ptr_eq(stored_request, &request) && Arc::ptr_eq(stored_item, &item));
+        assert!(Arc::ptr_eq(entry.referrers.iter().next().unwrap(), &request));
+        // Another key with the same text, and plain text, name the same request and item.
+        assert_eq!(cache.check_and_update_cache(&Key::from("r"), 0, "imgA"), Ok(true));
+        assert_eq!(cache.cached_num_embeds(&Key::from("imgA")), Some(4));
+        assert!(entry_referenced_by(&cache, "imgA", "r"));
+        cache.free(&Key::from("r"));
+        assert!(cache.requests().is_empty() && !entry_referenced_by(&cache, "imgA", "r"));
+    }
+
+    fn entry_referenced_by(cache: &EncoderCache, item: &str, request: &str) -> bool {
+        cache.entries().get(item).is_some_and(|entry| entry.referrers.contains(request))
+    }
+
+    #[test]
     fn eviction_takes_the_oldest_release_first_and_stops_when_there_is_room() {
         let mut cache = EncoderCache::new(12);
         for (request, item) in [("r0", "a"), ("r1", "b"), ("r2", "c")] {
