@@ -293,17 +293,14 @@ impl<'a> CallInput<'a> {
             && (!needs.num_embeds || self.num_embeds.is_some())
     }
 
-    fn have(&self) -> Have {
-        Have { request_id: self.request_id.is_some(), identifier: self.identifier.is_some(), num_embeds: self.num_embeds.is_some() }
+    /// What of `needs` is left to read: the request id only if it is not here.
+    fn lacking(&self, needs: Needs) -> Needs {
+        Needs {
+            request_id: if self.request_id.is_some() { IdRead::Never } else { needs.request_id },
+            identifier: needs.identifier && self.identifier.is_none(),
+            num_embeds: needs.num_embeds && self.num_embeds.is_none(),
+        }
     }
-}
-
-/// What the records had when a call looked.
-#[derive(Clone, Copy, Default)]
-struct Have {
-    request_id: bool,
-    identifier: bool,
-    num_embeds: bool,
 }
 
 /// What a call read because the records did not have it.
@@ -315,13 +312,13 @@ struct Fresh<'py> {
 }
 
 impl<'py> Fresh<'py> {
-    /// Reads what `needs` asks for and neither `have` nor this call has, in
+    /// Reads what `needs` asks for and this call does not have yet, in
     /// vLLM's order (the identifier's error comes before the request id's).
-    fn read(&mut self, request: &Bound<'py, PyAny>, input_id: usize, feature: &Bound<'py, PyAny>, needs: Needs, have: Have) -> PyResult<()> {
-        if needs.identifier && !have.identifier && self.identifier.is_none() {
+    fn read(&mut self, request: &Bound<'py, PyAny>, input_id: usize, feature: &Bound<'py, PyAny>, needs: Needs) -> PyResult<()> {
+        if needs.identifier && self.identifier.is_none() {
             self.identifier = Some(Key::from(identifier_of(feature)?.to_str()?));
         }
-        if !have.request_id && self.request_id.is_none() {
+        if self.request_id.is_none() {
             match needs.request_id {
                 IdRead::Never => {}
                 IdRead::ForRecords => {
@@ -335,7 +332,7 @@ impl<'py> Fresh<'py> {
                 IdRead::Always => self.request_id = Some(request_id(request)?),
             }
         }
-        if needs.num_embeds && !have.num_embeds && self.num_embeds.is_none() {
+        if needs.num_embeds && self.num_embeds.is_none() {
             self.num_embeds = Some(num_embeds(request, input_id)?);
         }
         Ok(())
@@ -411,16 +408,16 @@ pub(crate) fn with_input<'py, M: StepManager, R>(
         }
         Err(err) => return Err(err),
     };
-    let have = {
+    let lacking = {
         let mut state = write(manager)?;
         let ManagerState { cache, records } = &mut *state;
         let known = records.call_input(request, input_id, &feature);
         if known.has(needs) {
             return op(cache, known);
         }
-        known.have()
+        known.lacking(needs)
     };
-    fresh.read(request, input_id, &feature, needs, have)?;
+    fresh.read(request, input_id, &feature, lacking)?;
     {
         let mut state = write(manager)?;
         let ManagerState { cache, records } = &mut *state;
@@ -433,7 +430,7 @@ pub(crate) fn with_input<'py, M: StepManager, R>(
     // The records could not keep it all: the request id could not be read,
     // or a read called back into the manager and changed them.
     let needs = Needs { request_id: if needs.request_id == IdRead::Always { IdRead::Always } else { IdRead::Never }, ..needs };
-    fresh.read(request, input_id, &feature, needs, Have::default())?;
+    fresh.read(request, input_id, &feature, needs)?;
     op(&mut write(manager)?.cache, fresh.input()?)
 }
 
