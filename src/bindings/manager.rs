@@ -7,7 +7,7 @@ use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::key_list;
 use super::cell::StateCell;
-use super::records::{held_input_set, with_input, with_request_id, Needs};
+use super::records::{cached_input_set, with_input, with_request_id, Needs};
 use super::request::{count, identifier, input_index};
 use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
 use super::step::{self, read, write, ManagerState, StepManager};
@@ -92,7 +92,7 @@ impl PyEncoderCacheManager {
     }
 
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
-        held_input_set(slf, request, |cache, id| cache.cached_input_ids(id))
+        cached_input_set(slf, request)
     }
 
     fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {

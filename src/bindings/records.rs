@@ -29,7 +29,7 @@ use pyo3::types::{PySet, PyString};
 
 use super::request::{feature, identifier_of, num_embeds, request_id};
 use super::step::{write, ManagerState, Slot, StepManager};
-use crate::cache::{shrink_when_sparse, Key, KeyArg};
+use crate::cache::{shrink_when_sparse, EncoderCache, Key, KeyArg};
 
 /// One item as the per-call methods read it, valid while `mm_features[i]` is `feature`.
 struct CallItem {
@@ -185,27 +185,26 @@ impl ItemRecords {
     }
 }
 
-/// `get_cached_input_ids`: the input ids `held` finds in the manager's cache
-/// for `request.request_id` (from the records if they know the request, else
+/// `get_cached_input_ids`: the input ids the cache holds for
+/// `request.request_id` (from the records if they know the request, else
 /// read first), as a set (see [`Known::input_set`]).
-pub(crate) fn held_input_set<'py, M: StepManager>(
+pub(crate) fn cached_input_set<'py, M: StepManager<Cache = EncoderCache>>(
     manager: &Bound<'py, M>,
     request: &Bound<'py, PyAny>,
-    held: impl for<'a> Fn(&'a M::Cache, KeyArg<'_>) -> Option<&'a HashMap<usize, Key>>,
 ) -> PyResult<Bound<'py, PySet>> {
     let py = request.py();
     {
         let mut state = write(manager)?;
         let ManagerState { cache, records } = &mut *state;
         if let Some(known) = records.by_request.get_mut(&address(request)) {
-            let inputs = held(cache, KeyArg::from(&known.id));
+            let inputs = cache.cached_input_ids(&known.id);
             return known.input_set(py, inputs);
         }
     }
     let id = request_id(request)?;
     let mut state = write(manager)?;
     let ManagerState { cache, records } = &mut *state;
-    match held(cache, KeyArg::from(id.to_str()?)) {
+    match cache.cached_input_ids(id.to_str()?) {
         Some(inputs) => records.entry(request, &Name::Read(id))?.input_set(py, Some(inputs)),
         None => PySet::empty(py),
     }
