@@ -339,7 +339,7 @@ impl EncoderCache {
         identifier: impl Into<KeyArg<'a>>,
     ) -> Result<bool, CacheError> {
         let (request_id, identifier) = (request_id.into(), identifier.into());
-        if self.check_input(request_id, input_id, identifier)? {
+        if Self::check_input(&self.requests, request_id, input_id, identifier)? {
             return Ok(true);
         }
         let Some((key, entry)) = self.entries.get_key_value_mut(&identifier) else {
@@ -362,8 +362,13 @@ impl EncoderCache {
 
     /// Whether `request_id` already holds `input_id` as `identifier`; an error
     /// if it holds it as another item.
-    fn check_input(&self, request_id: KeyArg<'_>, input_id: usize, identifier: KeyArg<'_>) -> Result<bool, CacheError> {
-        match self.requests.get(&request_id).and_then(|r| r.inputs.get(&input_id)) {
+    fn check_input(
+        requests: &HashMap<Key, RequestRefs>,
+        request_id: KeyArg<'_>,
+        input_id: usize,
+        identifier: KeyArg<'_>,
+    ) -> Result<bool, CacheError> {
+        match requests.get(&request_id).and_then(|r| r.inputs.get(&input_id)) {
             None => Ok(false),
             Some(held) if identifier.names(held) => Ok(true),
             Some(held) => Err(CacheError::InputHeld {
@@ -436,15 +441,8 @@ impl EncoderCache {
                 freeable: self.num_freeable_slots,
             });
         }
-        if let Some(held) = self.requests.get(&request_id).and_then(|r| r.inputs.get(&input_id)) {
-            // Not as this item, which is not cached.
-            return Err(CacheError::InputHeld {
-                request_id: request_id.as_str().to_owned(),
-                input_id,
-                held: held.to_string(),
-                given: slot.key().to_string(),
-            });
-        }
+        // A held input is an error here: it is held as another item, since this one is not cached.
+        Self::check_input(&self.requests, request_id, input_id, KeyArg::from(slot.key()))?;
         let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
         Self::add_occurrence(refs, input_id, slot.key().clone(), true);
         slot.insert(Entry { num_embeds, referrers: Referrers::One(request_key), released: 0 });
