@@ -15,8 +15,10 @@ use hashbrown::hash_map::EntryRef;
 use hashbrown::{Equivalent, HashMap, HashSet};
 
 mod eviction;
+mod inputs;
 mod state;
 use eviction::EvictionQueue;
+pub use inputs::HeldInputs;
 pub use state::{CacheState, EntryState, InvariantViolation, RequestState};
 
 /// An item identifier (vLLM's `mm_hash`) or a request id, shared between maps.
@@ -234,7 +236,7 @@ impl FromIterator<Key> for Referrers {
 /// when the request's reference is released).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestRefs {
-    pub inputs: HashMap<usize, Key>,
+    pub inputs: HeldInputs,
     /// Occurrences beyond the first, for items held at several inputs (an
     /// image re-sent in a chat). Most items are held once and need no count:
     /// the entry's referrers already say that the request holds it.
@@ -247,7 +249,7 @@ impl RequestRefs {
     /// [`EncoderCache::check_invariants`] reports through this).
     pub fn occurrences(&self) -> HashMap<&Key, u32> {
         let mut counts: HashMap<&Key, u32> = HashMap::with_capacity(self.inputs.len());
-        for item in self.inputs.values().chain(self.repeats.keys()) {
+        for item in self.inputs.items().chain(self.repeats.keys()) {
             counts.entry(item).or_insert_with(|| 1 + self.repeats.get(item).copied().unwrap_or(0));
         }
         counts
@@ -368,7 +370,7 @@ impl EncoderCache {
         input_id: usize,
         identifier: KeyArg<'_>,
     ) -> Result<bool, CacheError> {
-        match requests.get(&request_id).and_then(|r| r.inputs.get(&input_id)) {
+        match requests.get(&request_id).and_then(|r| r.inputs.get(input_id)) {
             None => Ok(false),
             Some(held) if identifier.names(held) => Ok(true),
             Some(held) => Err(CacheError::InputHeld {
@@ -452,13 +454,13 @@ impl EncoderCache {
     }
 
     /// The input positions `request_id` holds cached.
-    pub fn cached_input_ids<'a>(&self, request_id: impl Into<KeyArg<'a>>) -> Option<&HashMap<usize, Key>> {
+    pub fn cached_input_ids<'a>(&self, request_id: impl Into<KeyArg<'a>>) -> Option<&HeldInputs> {
         self.requests.get(&request_id.into()).map(|r| &r.inputs)
     }
 
     /// Whether `request_id` holds `input_id` cached.
     pub fn holds_input<'a>(&self, request_id: impl Into<KeyArg<'a>>, input_id: usize) -> bool {
-        self.requests.get(&request_id.into()).is_some_and(|r| r.inputs.contains_key(&input_id))
+        self.requests.get(&request_id.into()).is_some_and(|r| r.inputs.contains(input_id))
     }
 
     /// Drop the request's hold on one input position; false if it held none
@@ -470,7 +472,7 @@ impl EncoderCache {
         let Some(refs) = self.requests.get_mut(&request_id) else {
             return false;
         };
-        let Some(identifier) = refs.inputs.remove(&input_id) else {
+        let Some(identifier) = refs.inputs.remove(input_id) else {
             return false;
         };
         let last_occurrence = Self::drop_occurrence(&mut refs.repeats, &identifier);
@@ -493,9 +495,7 @@ impl EncoderCache {
             return;
         };
         shrink_when_sparse(&mut self.requests);
-        let mut inputs: Vec<(usize, Key)> = inputs.into_iter().collect();
-        inputs.sort_unstable_by_key(|(input_id, _)| *input_id);
-        for (_, identifier) in inputs {
+        for identifier in inputs.into_items() {
             if Self::drop_occurrence(&mut repeats, &identifier) {
                 self.release(request_id, &identifier);
             }
@@ -552,11 +552,11 @@ impl EncoderCache {
     /// Records `identifier` at `input_id`; `first` when the request held no
     /// other occurrence of it.
     fn add_occurrence(refs: &mut RequestRefs, input_id: usize, identifier: Key, first: bool) {
-        if let hashbrown::hash_map::Entry::Vacant(slot) = refs.inputs.entry(input_id) {
-            if !first {
-                *refs.repeats.entry(identifier.clone()).or_insert(0) += 1;
+        let repeat = (!first).then(|| identifier.clone());
+        if refs.inputs.insert_vacant(input_id, identifier) {
+            if let Some(identifier) = repeat {
+                *refs.repeats.entry(identifier).or_insert(0) += 1;
             }
-            slot.insert(identifier);
         }
     }
 }

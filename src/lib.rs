@@ -12,6 +12,8 @@ pub mod step;
 #[cfg(feature = "python")]
 mod bindings;
 
-pub use cache::{CacheError, CacheState, EncoderCache, Entry, EntryState, InvariantViolation, Key, KeyArg, Referrers, RequestRefs, RequestState};
+pub use cache::{
+    CacheError, CacheState, EncoderCache, Entry, EntryState, HeldInputs, InvariantViolation, Key, KeyArg, Referrers, RequestRefs, RequestState,
+};
 pub use encoder_decoder::{EncoderDecoderCache, EncoderDecoderState};
 pub use step::{Item, Mismatch, Scheduled, StepArgs, StepCache, StepError};

@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use hashbrown::HashMap;
 
-use crate::cache::{CacheError, EncoderCache, Key, KeyArg};
+use crate::cache::{CacheError, EncoderCache, HeldInputs, Key, KeyArg};
 use crate::encoder_decoder::EncoderDecoderCache;
 
 /// One multimodal item of a request, as a step needs it.
@@ -222,7 +222,7 @@ impl StepCache for EncoderCache {
     }
 
     fn held_inputs(&self, request_id: KeyArg<'_>, _num_items: usize) -> impl Iterator<Item = usize> + '_ {
-        self.cached_input_ids(request_id).into_iter().flat_map(|inputs| inputs.keys().copied())
+        self.cached_input_ids(request_id).into_iter().flat_map(HeldInputs::positions)
     }
 
     /// By position alone: no item record is needed.

@@ -173,7 +173,7 @@ impl PyEncoderCacheManager {
         let (py, state) = (slf.py(), read(slf)?);
         let dict = PyDict::new(py);
         for (req, refs) in state.cache.requests() {
-            dict.set_item(&**req, PySet::new(py, refs.inputs.keys())?)?;
+            dict.set_item(&**req, PySet::new(py, refs.inputs.positions())?)?;
         }
         Ok(dict)
     }

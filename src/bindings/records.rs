@@ -29,7 +29,7 @@ use pyo3::types::{PySet, PyString};
 
 use super::request::{feature, identifier_of, num_embeds, request_id};
 use super::step::{write, ManagerState, Slot, StepManager};
-use crate::cache::{shrink_when_sparse, EncoderCache, Key, KeyArg};
+use crate::cache::{shrink_when_sparse, EncoderCache, HeldInputs, Key, KeyArg};
 
 /// One item as the per-call methods read it, valid while `mm_features[i]` is `feature`.
 struct CallItem {
@@ -55,7 +55,7 @@ impl Known {
     /// earlier call is handed out again if no one else holds it any more and
     /// it still equals `held` (its holder may have changed it before letting
     /// go); otherwise a new one is built, and kept for the next call.
-    fn input_set<'py>(&mut self, py: Python<'py>, held: Option<&HashMap<usize, Key>>) -> PyResult<Bound<'py, PySet>> {
+    fn input_set<'py>(&mut self, py: Python<'py>, held: Option<&HeldInputs>) -> PyResult<Bound<'py, PySet>> {
         let Some(held) = held else {
             return PySet::empty(py);
         };
@@ -67,7 +67,7 @@ impl Known {
                 return Ok(kept.clone());
             }
         }
-        let set = PySet::new(py, held.keys())?;
+        let set = PySet::new(py, held.positions())?;
         self.input_set = Some(set.clone().unbind());
         Ok(set)
     }
@@ -435,7 +435,7 @@ pub(crate) fn with_input<'py, M: StepManager, R>(
 
 /// Whether `set` holds exactly the ids of `inputs`, read straight from its
 /// hash table: the public API would build an int and hash it for each id.
-fn equals(set: &Bound<'_, PySet>, inputs: &HashMap<usize, Key>) -> bool {
+fn equals(set: &Bound<'_, PySet>, inputs: &HeldInputs) -> bool {
     if set.len() != inputs.len() {
         return false;
     }
@@ -449,7 +449,7 @@ fn equals(set: &Bound<'_, PySet>, inputs: &HashMap<usize, Key>) -> bool {
         table.iter().filter(|slot| !slot.key.is_null() && slot.hash != -1).all(|slot| {
             // An int's hash is its value for the small ints input ids are.
             ffi::PyLong_CheckExact(slot.key) != 0
-                && usize::try_from(slot.hash).is_ok_and(|id| inputs.contains_key(&id))
+                && usize::try_from(slot.hash).is_ok_and(|id| inputs.contains(id))
                 && ffi::PyLong_AsSsize_t(slot.key) == slot.hash
         })
     }

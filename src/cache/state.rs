@@ -184,7 +184,7 @@ impl EncoderCache {
                 .requests
                 .iter()
                 .map(|(r, refs)| {
-                    let inputs = refs.inputs.iter().map(|(i, k)| (*i, k.to_string())).collect();
+                    let inputs = refs.inputs.iter().map(|(i, k)| (i, k.to_string())).collect();
                     let occurrences = refs.occurrences().into_iter().map(|(k, n)| (k.to_string(), n)).collect();
                     (r.to_string(), RequestState { inputs, occurrences })
                 })
