@@ -341,7 +341,7 @@ impl EncoderCache {
         identifier: impl Into<KeyArg<'a>>,
     ) -> Result<bool, CacheError> {
         let (request_id, identifier) = (request_id.into(), identifier.into());
-        if Self::check_input(&self.requests, request_id, input_id, identifier)? {
+        if Self::check_input(self.requests.get(&request_id), request_id, input_id, identifier)? {
             return Ok(true);
         }
         let Some((key, entry)) = self.entries.get_key_value_mut(&identifier) else {
@@ -365,12 +365,12 @@ impl EncoderCache {
     /// Whether `request_id` already holds `input_id` as `identifier`; an error
     /// if it holds it as another item.
     fn check_input(
-        requests: &HashMap<Key, RequestRefs>,
+        held: Option<&RequestRefs>,
         request_id: KeyArg<'_>,
         input_id: usize,
         identifier: KeyArg<'_>,
     ) -> Result<bool, CacheError> {
-        match requests.get(&request_id).and_then(|r| r.inputs.get(input_id)) {
+        match held.and_then(|r| r.inputs.get(input_id)) {
             None => Ok(false),
             Some(held) if identifier.names(held) => Ok(true),
             Some(held) => Err(CacheError::InputHeld {
@@ -443,10 +443,16 @@ impl EncoderCache {
                 freeable: self.num_freeable_slots,
             });
         }
-        // A held input is an error here: it is held as another item, since this one is not cached.
-        Self::check_input(&self.requests, request_id, input_id, KeyArg::from(slot.key()))?;
-        let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
-        Self::add_occurrence(refs, input_id, slot.key().clone(), true);
+        let held = match self.requests.entry_ref(&request_id) {
+            EntryRef::Occupied(held) => {
+                // A held input is an error here: it is held as another item, since this one is not cached.
+                Self::check_input(Some(held.get()), request_id, input_id, KeyArg::from(slot.key()))?;
+                held
+            }
+            EntryRef::Vacant(new) => new.insert_entry(RequestRefs::default()),
+        };
+        let request_key = held.key().clone();
+        Self::add_occurrence(held.into_mut(), input_id, slot.key().clone(), true);
         slot.insert(Entry { num_embeds, referrers: Referrers::One(request_key), released: 0 });
         self.num_free_slots -= num_embeds;
         self.num_freeable_slots -= num_embeds;

@@ -357,14 +357,15 @@ impl ItemRecords {
         }
     }
 
-    /// Keeps what a call read of input `input_id` (from `feature`), unless
-    /// the records cannot place the request (not known, and its id unread).
-    fn remember(&mut self, request: &Bound<'_, PyAny>, input_id: usize, feature: &Bound<'_, PyAny>, fresh: &mut Fresh<'_>) -> PyResult<()> {
+    /// Keeps what a call read of input `input_id` (from `feature`) and gives
+    /// back what the records now hold for it; None if they cannot place the
+    /// request (not known, and its id unread).
+    fn remember(&mut self, request: &Bound<'_, PyAny>, input_id: usize, feature: &Bound<'_, PyAny>, fresh: &mut Fresh<'_>) -> PyResult<Option<CallInput<'_>>> {
         let known = match &fresh.request_id {
             Some(id) => self.entry(request, &Name::Read(id.clone()))?,
             None => match self.by_request.get_mut(&address(request)) {
                 Some(known) => known,
-                None => return Ok(()),
+                None => return Ok(None),
             },
         };
         if known.calls.len() <= input_id {
@@ -372,14 +373,18 @@ impl ItemRecords {
         }
         let slot = &mut known.calls[input_id];
         // A record of another item object is replaced; one of this object is filled in.
-        let item = match slot {
-            Some(item) if item.feature.is(feature) => item,
-            _ => slot.insert(CallItem { feature: feature.clone().unbind(), identifier: None, num_embeds: None }),
-        };
+        if !matches!(slot, Some(item) if item.feature.is(feature)) {
+            *slot = None;
+        }
+        let item = slot.get_or_insert_with(|| CallItem { feature: feature.clone().unbind(), identifier: None, num_embeds: None });
         // Moved, not copied: a call that finds its records incomplete afterwards reads again.
         item.identifier = item.identifier.take().or_else(|| fresh.identifier.take());
         item.num_embeds = item.num_embeds.or(fresh.num_embeds);
-        Ok(())
+        Ok(Some(CallInput {
+            request_id: Some(KeyArg::from(&known.id)),
+            identifier: item.identifier.as_ref(),
+            num_embeds: item.num_embeds,
+        }))
     }
 }
 
@@ -420,10 +425,10 @@ pub(crate) fn with_input<'py, M: StepManager, R>(
     {
         let mut state = write(manager)?;
         let ManagerState { cache, records } = &mut *state;
-        records.remember(request, input_id, &feature, &mut fresh)?;
-        let known = records.call_input(request, input_id, &feature);
-        if known.has(needs) {
-            return op(cache, known);
+        if let Some(known) = records.remember(request, input_id, &feature, &mut fresh)? {
+            if known.has(needs) {
+                return op(cache, known);
+            }
         }
     }
     // The records could not keep it all: the request id could not be read,
