@@ -3,6 +3,7 @@
 
 mod cell;
 mod encoder_decoder;
+mod fast;
 mod floor;
 mod manager;
 mod records;
@@ -34,6 +35,7 @@ fn _panic_for_test() {
 #[pymodule(gil_used = true)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyEncoderCacheManager>()?;
+    manager::install_fast_methods(&m.py().get_type::<manager::PyEncoderCacheManager>())?;
     m.add_class::<encoder_decoder::PyEncoderDecoderCacheManager>()?;
     m.add_class::<floor::CallFloor>()?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;

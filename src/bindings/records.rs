@@ -19,6 +19,9 @@
 //! ([`with_input`], [`with_request_id`]); on an item's first sight it reads
 //! what is missing with the state not borrowed, records it, and borrows again.
 
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
+
 use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 use pyo3::ffi;
@@ -31,22 +34,51 @@ use super::request::{feature, identifier_of, num_embeds, request_id};
 use super::step::{write, ManagerState, Slot, StepManager};
 use crate::cache::{shrink_when_sparse, EncoderCache, HeldInputs, Key, KeyArg};
 
+/// A reference the records hold, released with a plain `Py_DECREF`. The
+/// records are dropped only with the thread attached (in a call, in
+/// `__clear__`, or with the manager), but a `Py` dropped in a fast entry (see
+/// `fast`), which PyO3 does not count as attached, would be released only at
+/// PyO3's next entry, and requests swept from the records would stay alive
+/// until then.
+struct Held<T>(ManuallyDrop<Py<T>>);
+
+impl<T> Held<T> {
+    fn new(object: &Bound<'_, T>) -> Self {
+        Self(ManuallyDrop::new(object.clone().unbind()))
+    }
+}
+
+impl<T> Deref for Held<T> {
+    type Target = Py<T>;
+
+    fn deref(&self) -> &Py<T> {
+        &self.0
+    }
+}
+
+impl<T> Drop for Held<T> {
+    fn drop(&mut self) {
+        // SAFETY: the thread is attached (see above), and the reference is ours.
+        unsafe { ffi::Py_DECREF(self.0.as_ptr()) }
+    }
+}
+
 /// One item as the per-call methods read it, valid while `mm_features[i]` is `feature`.
 struct CallItem {
-    feature: Py<PyAny>,
+    feature: Held<PyAny>,
     identifier: Option<Key>,
     num_embeds: Option<u64>,
 }
 
 struct Known {
-    request: Py<PyAny>,
+    request: Held<PyAny>,
     id: Key,
     /// The step-level methods' records (see `step`).
     slots: Vec<Slot>,
     /// The per-call methods' records, by input id.
     calls: Vec<Option<CallItem>>,
     /// The set `get_cached_input_ids` returned last (see [`Known::input_set`]).
-    input_set: Option<Py<PySet>>,
+    input_set: Option<Held<PySet>>,
 }
 
 impl Known {
@@ -68,7 +100,7 @@ impl Known {
             }
         }
         let set = PySet::new(py, held.positions())?;
-        self.input_set = Some(set.clone().unbind());
+        self.input_set = Some(Held::new(&set));
         Ok(set)
     }
 }
@@ -130,7 +162,7 @@ impl ItemRecords {
         Ok(match self.by_request.entry(address(request)) {
             Entry::Occupied(entry) => entry.into_mut(),
             Entry::Vacant(entry) => entry.insert(Known {
-                request: request.clone().unbind(),
+                request: Held::new(request),
                 id: id.key()?,
                 slots: Vec::new(),
                 calls: Vec::new(),
@@ -173,12 +205,12 @@ impl ItemRecords {
 
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         for known in self.by_request.values() {
-            visit.call(&known.request)?;
+            visit.call(&*known.request)?;
             for item in known.calls.iter().flatten() {
-                visit.call(&item.feature)?;
+                visit.call(&*item.feature)?;
             }
             if let Some(set) = &known.input_set {
-                visit.call(set)?;
+                visit.call(&**set)?;
             }
         }
         Ok(())
@@ -376,7 +408,7 @@ impl ItemRecords {
         if !matches!(slot, Some(item) if item.feature.is(feature)) {
             *slot = None;
         }
-        let item = slot.get_or_insert_with(|| CallItem { feature: feature.clone().unbind(), identifier: None, num_embeds: None });
+        let item = slot.get_or_insert_with(|| CallItem { feature: Held::new(feature), identifier: None, num_embeds: None });
         // Moved, not copied: a call that finds its records incomplete afterwards reads again.
         item.identifier = item.identifier.take().or_else(|| fresh.identifier.take());
         item.num_embeds = item.num_embeds.or(fresh.num_embeds);
