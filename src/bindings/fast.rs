@@ -134,11 +134,16 @@ unsafe fn exact_ints<const N: usize>(args: *const *mut ffi::PyObject) -> Option<
             if ffi::PyLong_CheckExact(arg) == 0 {
                 return None;
             }
-            *int = ffi::PyLong_AsLongLong(arg);
-            if *int == -1 && !ffi::PyErr_Occurred().is_null() {
+            // `PyLong_AsLong`, not `PyLong_AsLongLong`: CPython 3.11 reads an int
+            // over 2**30 with a loop there, and through a byte array here. A C
+            // long narrower than 64 bits (Windows) only sends more ints to PyO3.
+            #[allow(clippy::useless_conversion)]
+            let value = i64::from(ffi::PyLong_AsLong(arg));
+            if value == -1 && !ffi::PyErr_Occurred().is_null() {
                 ffi::PyErr_Clear();
                 return None;
             }
+            *int = value;
         }
     }
     Some(ints)
