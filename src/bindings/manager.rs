@@ -1,15 +1,14 @@
 //! `EncoderCacheManager`: vLLM 0.33's Python API over [`EncoderCache`].
 
 use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
 use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
-use pyo3::ffi;
-
+use super::cell::StateCell;
 use super::fast::{self, FastMethod};
 use super::key_list;
-use super::cell::StateCell;
 use super::records::{cached_input_set, with_input, with_request_id, Needs};
 use super::request::{count, identifier, input_index};
 use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
@@ -293,7 +292,6 @@ impl PyEncoderCacheManager {
         Ok(manager)
     }
 }
-
 
 /// Declares `$method`'s fast entry (see `fast`): a request, then `$ints` ints.
 macro_rules! fast_method {
