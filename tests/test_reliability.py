@@ -476,13 +476,22 @@ def test_feature_changed_under_a_held_input_is_refused():
 # -- panics ------------------------------------------------------------------
 
 
-def test_a_rust_panic_surfaces_as_an_exception_not_an_abort():
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ("_core._panic_for_test()", "deliberate panic from encoder_cache._core._panic_for_test"),
+        # Through a fast entry, as the manager's per-item methods are entered (src/bindings/fast.rs).
+        ("_core._CallFloor()._panic_for_test(7)", "deliberate panic in a fast entry, called with a <class 'int'>"),
+    ],
+    ids=["pyo3 entry", "fast entry"],
+)
+def test_a_rust_panic_surfaces_as_an_exception_not_an_abort(call, message):
     code = textwrap.dedent(
-        """
+        f"""
         import encoder_cache
         from encoder_cache import _core
         try:
-            _core._panic_for_test()
+            {call}
         except BaseException as err:
             print(type(err).__name__, "|", err)
         manager = encoder_cache.EncoderCacheManager(4)  # the interpreter goes on
@@ -492,10 +501,7 @@ def test_a_rust_panic_surfaces_as_an_exception_not_an_abort():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"the process died: returncode {proc.returncode}\n{proc.stderr}"
-    assert proc.stdout.splitlines() == [
-        "PanicException | deliberate panic from encoder_cache._core._panic_for_test",
-        "alive",
-    ]
+    assert proc.stdout.splitlines() == [f"PanicException | {message}", "alive"]
 
 
 # -- threads -----------------------------------------------------------------

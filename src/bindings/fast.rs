@@ -76,6 +76,28 @@ pub(crate) fn install(cls: &Bound<'_, PyType>, methods: &[&'static FastMethod]) 
     Ok(())
 }
 
+/// Declares `$method`'s fast entry for the pyclass `$class`, a static of the
+/// same name: a call of a request, then `$ints` ints, runs `$body` (see [`run`]).
+macro_rules! fast_method {
+    ($class:ty, $method:ident, $ints:literal, |$slf:ident, $request:ident, $args:pat_param| $body:expr) => {
+        static $method: $crate::bindings::fast::FastMethod = $crate::bindings::fast::FastMethod::new(stringify!($method), {
+            unsafe extern "C" fn entry(
+                slf: *mut pyo3::ffi::PyObject,
+                args: *const *mut pyo3::ffi::PyObject,
+                nargs: pyo3::ffi::Py_ssize_t,
+                kwnames: *mut pyo3::ffi::PyObject,
+            ) -> *mut pyo3::ffi::PyObject {
+                // SAFETY: CPython's method descriptor for `$class` calls this.
+                unsafe {
+                    $crate::bindings::fast::run::<$class, $ints, _>(&$method, slf, args, nargs, kwnames, |$slf, $request, $args| $body)
+                }
+            }
+            entry
+        });
+    };
+}
+pub(crate) use fast_method;
+
 /// Runs `body` for a call of a request and `INTS` exact ints, positionally;
 /// passes any other call to PyO3's method. For use in an [`Entry`] only.
 ///

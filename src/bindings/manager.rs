@@ -1,13 +1,12 @@
 //! `EncoderCacheManager`: vLLM 0.33's Python API over [`EncoderCache`].
 
 use pyo3::exceptions::PyValueError;
-use pyo3::ffi;
 use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::cell::StateCell;
-use super::fast::{self, FastMethod};
+use super::fast::{self, fast_method};
 use super::key_list;
 use super::records::{cached_input_set, with_input, with_request_id, Needs};
 use super::request::{count, identifier, input_index};
@@ -293,51 +292,31 @@ impl PyEncoderCacheManager {
     }
 }
 
-/// Declares `$method`'s fast entry (see `fast`): a request, then `$ints` ints.
-macro_rules! fast_method {
-    ($method:ident, $ints:literal, |$slf:ident, $request:ident, $args:pat_param| $body:expr) => {
-        static $method: FastMethod = FastMethod::new(stringify!($method), {
-            unsafe extern "C" fn entry(
-                slf: *mut ffi::PyObject,
-                args: *const *mut ffi::PyObject,
-                nargs: ffi::Py_ssize_t,
-                kwnames: *mut ffi::PyObject,
-            ) -> *mut ffi::PyObject {
-                // SAFETY: CPython's method descriptor for the class calls this.
-                unsafe {
-                    fast::run::<PyEncoderCacheManager, $ints, _>(&$method, slf, args, nargs, kwnames, |$slf, $request, $args| $body)
-                }
-            }
-            entry
-        });
-    };
-}
-
 #[allow(non_upper_case_globals)]
 mod fast_methods {
     use super::*;
 
-    fast_method!(check_and_update_cache, 1, |slf, request, [input_id]| {
+    fast_method!(PyEncoderCacheManager, check_and_update_cache, 1, |slf, request, [input_id]| {
         PyEncoderCacheManager::check_and_update_cache(slf, request, input_id)
     });
-    fast_method!(can_allocate, 3, |slf, request, [input_id, budget, scheduled]| {
+    fast_method!(PyEncoderCacheManager, can_allocate, 3, |slf, request, [input_id, budget, scheduled]| {
         PyEncoderCacheManager::can_allocate(slf, request, input_id, budget, scheduled)
     });
     // PyO3 returns `()` as None, where `IntoPyObject` would make it an empty tuple.
-    fast_method!(allocate, 1, |slf, request, [input_id]| {
+    fast_method!(PyEncoderCacheManager, allocate, 1, |slf, request, [input_id]| {
         PyEncoderCacheManager::allocate(slf, request, input_id).map(|()| slf.py().None())
     });
-    fast_method!(get_cached_num_encoder_embeds, 1, |slf, request, [input_id]| {
+    fast_method!(PyEncoderCacheManager, get_cached_num_encoder_embeds, 1, |slf, request, [input_id]| {
         PyEncoderCacheManager::get_cached_num_encoder_embeds(slf, request, input_id)
     });
-    fast_method!(get_cached_input_ids, 0, |slf, request, []| PyEncoderCacheManager::get_cached_input_ids(slf, request));
-    fast_method!(free_encoder_input, 1, |slf, request, [input_id]| {
+    fast_method!(PyEncoderCacheManager, get_cached_input_ids, 0, |slf, request, []| PyEncoderCacheManager::get_cached_input_ids(slf, request));
+    fast_method!(PyEncoderCacheManager, free_encoder_input, 1, |slf, request, [input_id]| {
         PyEncoderCacheManager::free_encoder_input(slf, request, input_id).map(|()| slf.py().None())
     });
-    fast_method!(free, 0, |slf, request, []| PyEncoderCacheManager::free(slf, request).map(|()| slf.py().None()));
+    fast_method!(PyEncoderCacheManager, free, 0, |slf, request, []| PyEncoderCacheManager::free(slf, request).map(|()| slf.py().None()));
 
     /// The methods vLLM's scheduler calls per item, and per request.
-    pub(crate) const ALL: [&FastMethod; 7] = [
+    pub(crate) const ALL: [&fast::FastMethod; 7] = [
         &check_and_update_cache,
         &can_allocate,
         &allocate,

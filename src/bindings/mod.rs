@@ -38,6 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     manager::install_fast_methods(&m.py().get_type::<manager::PyEncoderCacheManager>())?;
     m.add_class::<encoder_decoder::PyEncoderDecoderCacheManager>()?;
     m.add_class::<floor::CallFloor>()?;
+    floor::install_fast_methods(&m.py().get_type::<floor::CallFloor>())?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     Ok(())
 }
