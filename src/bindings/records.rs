@@ -375,17 +375,24 @@ impl<'py> Fresh<'py> {
     }
 }
 
+impl Known {
+    /// What these records hold for input `input_id`, as read from `feature`.
+    fn call_input(&self, input_id: usize, feature: &Bound<'_, PyAny>) -> CallInput<'_> {
+        let item = self.calls.get(input_id).and_then(Option::as_ref).filter(|item| item.feature.is(feature));
+        CallInput {
+            request_id: Some(KeyArg::from(&self.id)),
+            identifier: item.and_then(|item| item.identifier.as_ref()),
+            num_embeds: item.and_then(|item| item.num_embeds),
+        }
+    }
+}
+
 impl ItemRecords {
     /// What the records hold for input `input_id` of `request`, as read from `feature`.
     fn call_input(&self, request: &Bound<'_, PyAny>, input_id: usize, feature: &Bound<'_, PyAny>) -> CallInput<'_> {
-        let Some(known) = self.get(request) else {
-            return CallInput { request_id: None, identifier: None, num_embeds: None };
-        };
-        let item = known.calls.get(input_id).and_then(Option::as_ref).filter(|item| item.feature.is(feature));
-        CallInput {
-            request_id: Some(KeyArg::from(&known.id)),
-            identifier: item.and_then(|item| item.identifier.as_ref()),
-            num_embeds: item.and_then(|item| item.num_embeds),
+        match self.get(request) {
+            Some(known) => known.call_input(input_id, feature),
+            None => CallInput { request_id: None, identifier: None, num_embeds: None },
         }
     }
 
@@ -412,11 +419,7 @@ impl ItemRecords {
         // Moved, not copied: a call that finds its records incomplete afterwards reads again.
         item.identifier = item.identifier.take().or_else(|| fresh.identifier.take());
         item.num_embeds = item.num_embeds.or(fresh.num_embeds);
-        Ok(Some(CallInput {
-            request_id: Some(KeyArg::from(&known.id)),
-            identifier: item.identifier.as_ref(),
-            num_embeds: item.num_embeds,
-        }))
+        Ok(Some(known.call_input(input_id, feature)))
     }
 }
 
