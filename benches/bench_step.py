@@ -39,7 +39,9 @@ def cached_request(num_items: int, cls: type) -> tuple[Any, Request, int]:
 
 
 def schedule_and_free(manager: Any, request: Request, window: int) -> Any:
-    return manager.try_schedule_encoder_inputs(request, 0, window, BUDGET), manager.free_encoder_inputs_before(request, 0)
+    return manager.try_schedule_encoder_inputs(request, 0, window, BUDGET), manager.free_encoder_inputs_before(
+        request, 0
+    )
 
 
 @pytest.mark.parametrize("impl", sorted(IMPLEMENTATIONS))

@@ -34,7 +34,11 @@ import vllm_harness as harness  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 _IMAGE_SETS = harness.Setup(
-    max_num_seqs=64, max_num_batched_tokens=8192, max_image_tokens=32, encoder_cache_size=4096, encoder_compute_budget=4096
+    max_num_seqs=64,
+    max_num_batched_tokens=8192,
+    max_image_tokens=32,
+    encoder_cache_size=4096,
+    encoder_compute_budget=4096,
 )
 _IMAGE_SET_PROMPTS = dict(
     seed=7, num_images=512, image_lengths=(16, 24, 32), images_per_turn=(16, 48), max_tokens=(1, 4)
@@ -42,7 +46,9 @@ _IMAGE_SET_PROMPTS = dict(
 WORKLOADS = {
     # Chats over a shared image pool, one image per new turn; later turns hit the prefix cache.
     "chat-4-turns": (
-        harness.Setup(max_num_seqs=64, max_num_batched_tokens=2048, encoder_cache_size=2048, encoder_compute_budget=2048),
+        harness.Setup(
+            max_num_seqs=64, max_num_batched_tokens=2048, encoder_cache_size=2048, encoder_compute_budget=2048
+        ),
         dict(seed=7, num_conversations=48, num_turns=4, max_tokens=(8, 32)),
     ),
     # Photo sets or video frames: 16 to 48 small images per new turn, short answers.

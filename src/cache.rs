@@ -100,19 +100,17 @@ pub enum CacheError {
 impl std::fmt::Display for CacheError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::AlreadyCached { identifier } => write!(
-                f,
-                "item {identifier:?} is already cached; take the hit with check_and_update_cache instead of allocating it again"
-            ),
+            Self::AlreadyCached { identifier } => {
+                write!(f, "item {identifier:?} is already cached; take the hit with check_and_update_cache instead of allocating it again")
+            }
             Self::InsufficientSpace { identifier, needed, free, freeable } => write!(
                 f,
                 "cannot allocate {needed} embeddings for item {identifier:?}: {free} slots free, \
                  {freeable} reclaimable; call can_allocate first so it can evict"
             ),
-            Self::EmbedCountMismatch { identifier, cached, requested } => write!(
-                f,
-                "item {identifier:?} is cached with {cached} embeddings but the request gives {requested}"
-            ),
+            Self::EmbedCountMismatch { identifier, cached, requested } => {
+                write!(f, "item {identifier:?} is cached with {cached} embeddings but the request gives {requested}")
+            }
             Self::InputHeld { request_id, input_id, held, given } => write!(
                 f,
                 "request '{request_id}' already holds input {input_id} as item '{held}', not '{given}'; \

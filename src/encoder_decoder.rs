@@ -76,8 +76,7 @@ impl EncoderDecoderCache {
 
     pub fn can_allocate(&self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool {
         let num_embeds = i128::from(num_embeds);
-        num_embeds <= i128::from(encoder_compute_budget)
-            && num_embeds + i128::from(num_embeds_to_schedule) <= self.num_free_slots
+        num_embeds <= i128::from(encoder_compute_budget) && num_embeds + i128::from(num_embeds_to_schedule) <= self.num_free_slots
     }
 
     pub fn allocate(&mut self, identifier: Key, num_embeds: u64) {

@@ -13,7 +13,8 @@ pub mod step;
 mod bindings;
 
 pub use cache::{
-    CacheError, CacheState, EncoderCache, Entry, EntryState, HeldInputs, InvariantViolation, Key, KeyArg, Referrers, RequestRefs, RequestState,
+    CacheError, CacheState, EncoderCache, Entry, EntryState, HeldInputs, InvariantViolation, Key, KeyArg, Referrers, RequestRefs,
+    RequestState,
 };
 pub use encoder_decoder::{EncoderDecoderCache, EncoderDecoderState};
 pub use step::{Item, Mismatch, Scheduled, StepArgs, StepCache, StepError};

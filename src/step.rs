@@ -48,7 +48,6 @@ impl Item {
         Self { identifier, offset, length, num_embeds, embeds_cumsum }
     }
 
-
     /// The embeddings `(first, last)` covered by placeholder tokens
     /// `[start, end)` of the item (`PlaceholderRange.get_embeds_indices_in_range`);
     /// `None` when the mask has no entry for a bound, where vLLM's lookup fails.
@@ -156,19 +155,17 @@ pub enum StepError {
 impl std::fmt::Display for StepError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::EncoderDecoderOffset { input_id, offset } => write!(
-                f,
-                "encoder-decoder input {input_id} starts at token {offset}; encoder inputs must start at position 0"
-            ),
+            Self::EncoderDecoderOffset { input_id, offset } => {
+                write!(f, "encoder-decoder input {input_id} starts at token {offset}; encoder inputs must start at position 0")
+            }
             Self::EmbedRange { input_id, start, end, length } => write!(
                 f,
                 "placeholder tokens [{start}, {end}) of input {input_id} are outside its is_embed mask of {length} \
                  entries; mm_features must be sorted by offset"
             ),
-            Self::InputOutOfRange { input_id, num_items } => write!(
-                f,
-                "input_id {input_id} out of range: the request has {num_items} multimodal items"
-            ),
+            Self::InputOutOfRange { input_id, num_items } => {
+                write!(f, "input_id {input_id} out of range: the request has {num_items} multimodal items")
+            }
             Self::Cache(err) => err.fmt(f),
             Self::NotRead { input_id } => {
                 write!(f, "internal error: multimodal item {input_id} was used before it was read")
@@ -322,11 +319,8 @@ pub fn try_schedule<'a, C: StepCache, I: Items + ?Sized, E: From<StepError>>(
     has_remote_item: &mut dyn FnMut(&Key) -> Result<bool, E>,
 ) -> Result<Scheduled, E> {
     let request_id = request_id.into();
-    let mut out = Scheduled {
-        num_new_tokens: args.num_new_tokens,
-        encoder_compute_budget: args.encoder_compute_budget,
-        ..Scheduled::default()
-    };
+    let mut out =
+        Scheduled { num_new_tokens: args.num_new_tokens, encoder_compute_budget: args.encoder_compute_budget, ..Scheduled::default() };
     let computed = i128::from(args.num_computed_tokens);
     let shift = i128::from(args.shift_computed_tokens);
     let window_end = computed + i128::from(args.num_new_tokens) + shift;
@@ -359,8 +353,7 @@ pub fn try_schedule<'a, C: StepCache, I: Items + ?Sized, E: From<StepError>>(
             let known = scheduled.get(&*item.identifier).copied();
             let reference = known.or_else(|| cache.cached_num_embeds(&item.identifier));
             if let Some(cached) = reference.filter(|&n| n != item.num_embeds) {
-                let mismatch =
-                    Mismatch { input_id, identifier: item.identifier.clone(), cached, requested: item.num_embeds };
+                let mismatch = Mismatch { input_id, identifier: item.identifier.clone(), cached, requested: item.num_embeds };
                 return Ok(Scheduled {
                     num_new_tokens: 0,
                     encoder_compute_budget: out.encoder_compute_budget,
@@ -379,15 +372,13 @@ pub fn try_schedule<'a, C: StepCache, I: Items + ?Sized, E: From<StepError>>(
         let to_schedule = i64::try_from(embeds_to_schedule).unwrap_or(i64::MAX);
         if !cache.can_allocate(item.num_embeds, out.encoder_compute_budget, to_schedule) {
             // Encode an item whole or not at all: schedule the tokens before it, if any.
-            out.num_new_tokens =
-                if computed < start { out.num_new_tokens.min(clamp_tokens(start - computed)) } else { 0 };
+            out.num_new_tokens = if computed < start { out.num_new_tokens.min(clamp_tokens(start - computed)) } else { 0 };
             break;
         }
         let first = (computed - start).max(0);
         let last = length.min(window_end - start);
-        let (embeds_first, embeds_last) = item
-            .embeds_in_range(first, last)
-            .ok_or(StepError::EmbedRange { input_id, start: first, end: last, length: item.length })?;
+        let (embeds_first, embeds_last) =
+            item.embeds_in_range(first, last).ok_or(StepError::EmbedRange { input_id, start: first, end: last, length: item.length })?;
         if embeds_first == embeds_last {
             continue; // only break or text tokens of the item fall in this step
         }
@@ -647,8 +638,7 @@ mod tests {
     fn remote_items_take_space_not_budget() {
         let items = [item("a", 0, 4), item("b", 4, 4)];
         let mut cache = EncoderCache::new(6);
-        let out = try_schedule::<_, _, StepError>(&mut cache, "r", &items[..], args(0, 8, 10), &mut |id| Ok(&**id == "a"))
-            .unwrap();
+        let out = try_schedule::<_, _, StepError>(&mut cache, "r", &items[..], args(0, 8, 10), &mut |id| Ok(&**id == "a")).unwrap();
         assert_eq!((out.from_remote, out.to_encode), (vec![0], vec![]));
         assert_eq!((out.num_new_tokens, out.encoder_compute_budget), (4, 10));
     }

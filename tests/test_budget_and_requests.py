@@ -23,7 +23,9 @@ def test_budget_reads_the_encoder_limits_separately():
 
 def test_budget_accepts_any_object_with_vllm_scheduler_config_fields():
     vllm_like = SimpleNamespace(
-        max_num_batched_tokens=8192, max_num_encoder_input_tokens=8192, encoder_cache_size=16384,
+        max_num_batched_tokens=8192,
+        max_num_encoder_input_tokens=8192,
+        encoder_cache_size=16384,
         disable_chunked_mm_input=False,
     )
     assert compute_mm_encoder_budget(vllm_like, {"image": 100}) == (8192, 16384)

@@ -4,10 +4,10 @@ call, and the bookkeeping invariants checked on both."""
 
 from __future__ import annotations
 
+from conftest import make_request, state
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from conftest import make_request, state
 
 import encoder_cache
 from encoder_cache import reference
@@ -17,11 +17,12 @@ ITEMS = [f"img{i}" for i in range(8)]
 # Mostly one size per item; the odd request disagrees, as a reused client UUID would.
 SIZES = {item: 1 + 3 * i for i, item in enumerate(ITEMS)}
 
+
 def outcome(call):
     """A call's return value, or the type of the exception it raised."""
     try:
         return ("ok", call())
-    except Exception as exc:  # noqa: BLE001 - the type is what we compare
+    except Exception as exc:
         return ("raised", type(exc))
 
 
@@ -55,9 +56,10 @@ class DifferentialMachine(RuleBasedStateMachine):
         request = data.draw(st.sampled_from(self.requests))
         input_id = data.draw(st.integers(0, len(request.mm_features) - 1))
         self.both("get_cached_num_encoder_embeds", request, input_id)
-        if self.both("check_and_update_cache", request, input_id) == ("ok", False):
-            if self.both("can_allocate", request, input_id, budget, scheduled) == ("ok", True):
-                self.both("allocate", request, input_id)
+        if self.both("check_and_update_cache", request, input_id) == ("ok", False) and self.both(
+            "can_allocate", request, input_id, budget, scheduled
+        ) == ("ok", True):
+            self.both("allocate", request, input_id)
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data(), budget=st.integers(-2, 40), scheduled=st.integers(-5, 20))
@@ -95,7 +97,9 @@ class DifferentialMachine(RuleBasedStateMachine):
         request = data.draw(st.sampled_from(self.requests))
         item = data.draw(st.sampled_from(ITEMS))
         last = request.mm_features[-1].mm_position
-        request.mm_features.append(MultiModalFeature(item, PlaceholderRange(last.offset + last.length + 1, SIZES[item])))
+        request.mm_features.append(
+            MultiModalFeature(item, PlaceholderRange(last.offset + last.length + 1, SIZES[item]))
+        )
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data(), item=st.sampled_from(ITEMS), odd=st.integers(0, 4))

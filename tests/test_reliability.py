@@ -147,7 +147,11 @@ def test_encoder_decoder_snapshot_round_trip(cls):
 def valid_state() -> dict:
     """r0 holds img0 twice and img1; r1 holds img1; img2 is freeable. 15 of 40 slots cached."""
     manager = RUST(40)
-    r0, r1, r2 = make_request("r0", ["img0", "img1", "img0"]), make_request("r1", ["img1"]), make_request("r2", ["img2"])
+    r0, r1, r2 = (
+        make_request("r0", ["img0", "img1", "img0"]),
+        make_request("r1", ["img1"]),
+        make_request("r2", ["img2"]),
+    )
     manager.allocate(r0, 0)
     manager.allocate(r0, 1)
     manager.check_and_update_cache(r0, 2)
@@ -177,7 +181,12 @@ CORRUPTIONS = [
     ("num_freeable_slots", 30, RULES[2], "30 freeable != 25 free + 8 freeable"),
     ("requests/r0/occurrences/img0", 1, RULES[3], "request 'r0' counts item 'img0' 1 times but holds it at 2 inputs"),
     ("requests/r1/inputs", [], RULES[3], "request 'r1' holds no inputs but is recorded"),
-    ("entries/img0/referrers", ["r0", "r1"], RULES[4], "item 'img0' is referenced by request 'r1', which does not count it"),
+    (
+        "entries/img0/referrers",
+        ["r0", "r1"],
+        RULES[4],
+        "item 'img0' is referenced by request 'r1', which does not count it",
+    ),
     ("entries/img1/referrers", ["r0"], RULES[5], "request 'r1' counts item 'img1' but is not among its referrers"),
 ]
 
@@ -381,7 +390,9 @@ def run_hostile(manager, request, op: str, input_id: int, callback: str, expecte
 @pytest.mark.parametrize("cls", MANAGERS + ENC_DEC)
 @settings(max_examples=300 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    warmup=st.lists(st.tuples(st.sampled_from(["allocate", "check_and_update_cache", "free"]), st.integers(0, 2)), max_size=8),
+    warmup=st.lists(
+        st.tuples(st.sampled_from(["allocate", "check_and_update_cache", "free"]), st.integers(0, 2)), max_size=8
+    ),
     calls=st.lists(
         st.tuples(
             hostile_request_st,
@@ -410,7 +421,7 @@ def test_hostile_requests_raise_clear_errors_and_change_nothing(cls, warmup, cal
         expected = [manager.snapshot()]
         try:
             run_hostile(manager, request, op, input_id, callback, expected)
-        except BaseException as err:  # noqa: BLE001 - asserting the kind of what escaped
+        except BaseException as err:
             event(f"{op} raised {type(err).__name__}")
             assert isinstance(err, CLEAR_ERRORS), f"{op} raised {type(err).__mro__}: {err}"
             if op in ATOMIC_OPS:
@@ -558,7 +569,7 @@ def test_threads_hammering_one_manager_serialise():
                 if step % 7 == 0:
                     manager.get_freed_mm_hashes()
                     manager.snapshot()
-        except BaseException as err:  # noqa: BLE001 - reported below
+        except BaseException as err:
             errors.append(err)
 
     interval = sys.getswitchinterval()

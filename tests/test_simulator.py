@@ -139,7 +139,10 @@ def test_same_seed_same_counters(kind):
 def test_fixed_variants_decide_alike(kind):
     """Rust, pure Python and the PR's scan implement one behaviour: same decisions, same counters."""
     workload = generate(SMALL[kind])
-    counters = [simulate(workload, LIMITS, i, b).counters for i, b in [("rust", "fixed"), ("python", "fixed"), ("python", "scan")]]
+    counters = [
+        simulate(workload, LIMITS, i, b).counters
+        for i, b in [("rust", "fixed"), ("python", "fixed"), ("python", "scan")]
+    ]
     assert counters[0] == counters[1] == counters[2]
 
 

@@ -52,8 +52,19 @@ def test_json_separates_counters_from_timings(capsys):
 
 def test_options_reach_the_run(capsys):
     argv = [
-        "--json", "--impl", "python", "--behaviour", "fixed", "--max-num-batched-tokens", "4096",
-        "--encoder-cache-size", "9000", "--max-num-encoder-input-tokens", "3000", "--image-embeds", "300",
+        "--json",
+        "--impl",
+        "python",
+        "--behaviour",
+        "fixed",
+        "--max-num-batched-tokens",
+        "4096",
+        "--encoder-cache-size",
+        "9000",
+        "--max-num-encoder-input-tokens",
+        "3000",
+        "--image-embeds",
+        "300",
     ]
     _, out, _ = simulate(capsys, *argv)
     data = json.loads(out)
@@ -137,7 +148,18 @@ def test_progress_bar_waits_for_long_runs():
 def test_end_to_end_command():
     """The README's command, as a subprocess, on a small scale."""
     run = subprocess.run(
-        [sys.executable, "-m", "encoder_cache", "simulate", "--requests", "40", "--workload", "mix", "--frames", "10:30"],
+        [
+            sys.executable,
+            "-m",
+            "encoder_cache",
+            "simulate",
+            "--requests",
+            "40",
+            "--workload",
+            "mix",
+            "--frames",
+            "10:30",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -149,4 +171,7 @@ def test_end_to_end_command():
         [sys.executable, "-m", "encoder_cache", "simulate", "--turns", "3:1"], capture_output=True, text=True
     )
     assert bad.returncode == 2
-    assert bad.stderr.strip() == "encoder_cache simulate: error: turns must be a range MIN:MAX with 0 <= MIN <= MAX, got 3:1"
+    assert (
+        bad.stderr.strip()
+        == "encoder_cache simulate: error: turns must be a range MIN:MAX with 0 <= MIN <= MAX, got 3:1"
+    )

@@ -129,7 +129,7 @@ def test_memory_is_flat_over_millions_of_operations(api):
             run()
         manager.check_invariants()
         samples.append((churn.ops, resident_bytes(), object_count()))
-    warm_ops, warm_rss, warm_objects = samples[1]  # after the first 10% of the run
+    _warm_ops, warm_rss, warm_objects = samples[1]  # after the first 10% of the run
     end_ops, end_rss, end_objects = samples[-1]
     print(
         f"\nsoak ({api} API): {end_ops} operations over {churn.next_id} requests: {churn.hits} hits, "
@@ -137,7 +137,9 @@ def test_memory_is_flat_over_millions_of_operations(api):
     )
     for ops, rss, objects in samples:
         print(f"  after {ops:>10} ops: RSS {rss / 2**20:8.2f} MiB, {objects} Python objects")
-    print(f"  growth after warm-up: RSS {(end_rss - warm_rss) / 2**10:+.0f} KiB, objects {end_objects - warm_objects:+d}")
+    print(
+        f"  growth after warm-up: RSS {(end_rss - warm_rss) / 2**10:+.0f} KiB, objects {end_objects - warm_objects:+d}"
+    )
     assert end_ops >= OPS
     assert end_rss - warm_rss <= RSS_SLACK, f"resident memory grew by {end_rss - warm_rss} bytes after warm-up"
     assert abs(end_objects - warm_objects) <= OBJECT_SLACK, f"{end_objects - warm_objects} more Python objects"

@@ -78,7 +78,9 @@ def features(draw: st.DrawFn, start: int, count: int, encoder_decoder: bool) -> 
     return items
 
 
-def consistent(items: list[MultiModalFeature], shapes: dict[str, Any], encoder_decoder: bool) -> list[MultiModalFeature]:
+def consistent(
+    items: list[MultiModalFeature], shapes: dict[str, Any], encoder_decoder: bool
+) -> list[MultiModalFeature]:
     """Mostly one placeholder shape per identifier, as real content hashes give.
     A shape longer than the drawn one moves the items after it, so placeholders
     never overlap (vLLM's window search relies on that, as ours does); an

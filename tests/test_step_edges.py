@@ -121,7 +121,11 @@ def test_mismatch_between_two_items_of_one_step(cls: type) -> None:
     )
     seen: list[tuple[Any, ...]] = []
     assert manager.try_schedule_encoder_inputs(req, 0, 9, 10, on_mismatch=lambda *a: seen.append(a)) == (
-        [], 0, 6, [], []
+        [],
+        0,
+        6,
+        [],
+        [],
     )
     assert seen == [(req, 1, "a", 4, 3)]
 
@@ -222,7 +226,11 @@ def test_a_held_input_is_checked_against_a_changed_item(cls: type) -> None:
     resized = Request("r", [MultiModalFeature("a", PlaceholderRange(0, 4, (True, True, False, True)))])
     seen: list[tuple[Any, ...]] = []
     assert manager.try_schedule_encoder_inputs(resized, 0, 4, 50, on_mismatch=lambda *a: seen.append(a)) == (
-        [], 0, 50, [], []
+        [],
+        0,
+        50,
+        [],
+        [],
     )
     assert seen == [(resized, 0, "a", 4, 3)]
     with pytest.raises(ValueError, match="already holds input 0"):

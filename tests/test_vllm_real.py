@@ -16,9 +16,10 @@ vllm = pytest.importorskip("vllm")
 if not vllm.__version__.startswith("0.33."):
     pytest.skip(f"needs vLLM 0.33.x, found {vllm.__version__}", allow_module_level=True)
 
+import vllm_harness as harness  # noqa: E402
+
 import encoder_cache  # noqa: E402
 import encoder_cache.vllm as hook  # noqa: E402
-import vllm_harness as harness  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

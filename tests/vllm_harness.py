@@ -198,7 +198,9 @@ def build_scheduler(
         num_blocks=setup.num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[
-            KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32))
+            KVCacheGroupSpec(
+                ["layer"], FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32)
+            )
         ],
     )
     cls = vllm_config.scheduler_config.get_scheduler_cls()

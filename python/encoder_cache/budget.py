@@ -30,9 +30,7 @@ class SchedulerConfig:
                 object.__setattr__(self, name, self.max_num_batched_tokens)
 
 
-def compute_mm_encoder_budget(
-    scheduler_config: Any, mm_max_toks_per_item: Mapping[str, int]
-) -> tuple[int, int]:
+def compute_mm_encoder_budget(scheduler_config: Any, mm_max_toks_per_item: Mapping[str, int]) -> tuple[int, int]:
     """Return ``(encoder_compute_budget, encoder_cache_size)`` in embeddings.
 
     Both are raised to at least the largest item any modality can produce, so

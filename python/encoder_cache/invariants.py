@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, NoReturn
 
-__all__ = ["InvariantError", "RULES", "check_state", "parse_encoder_decoder_state", "parse_state"]
+__all__ = ["RULES", "InvariantError", "check_state", "parse_encoder_decoder_state", "parse_state"]
 
 
 class InvariantError(AssertionError):
@@ -64,7 +64,9 @@ def check_state(state: dict[str, Any]) -> None:
         if entry is None:
             _broken(FREEABLE_UNREFERENCED, f"freeable item '{item}' is not cached")
         if entry["referrers"]:
-            _broken(FREEABLE_UNREFERENCED, f"freeable item '{item}' is referenced by {len(entry['referrers'])} requests")
+            _broken(
+                FREEABLE_UNREFERENCED, f"freeable item '{item}' is referenced by {len(entry['referrers'])} requests"
+            )
         if size != entry["num_embeds"]:
             _broken(FREEABLE_UNREFERENCED, f"freeable item '{item}' has size {size}, cached size {entry['num_embeds']}")
     for item in sorted(entries):
@@ -92,7 +94,9 @@ def check_state(state: dict[str, Any]) -> None:
     for item in sorted(entries):
         for request in sorted(entries[item]["referrers"]):
             if item not in requests.get(request, {"occurrences": {}})["occurrences"]:
-                _broken(REFERRERS_COUNTED, f"item '{item}' is referenced by request '{request}', which does not count it")
+                _broken(
+                    REFERRERS_COUNTED, f"item '{item}' is referenced by request '{request}', which does not count it"
+                )
 
     for request in sorted(requests):
         for item in sorted(requests[request]["occurrences"]):

@@ -322,8 +322,12 @@ class EncoderCacheManager:
         sizes_this_step: dict[str, int] = {}
         embeds_this_step = 0
         window_end = num_computed_tokens + num_new_tokens + shift_computed_tokens
-        lo = 0 if enc_dec else bisect.bisect_left(
-            features, num_computed_tokens + 1, key=lambda f: f.mm_position.offset + f.mm_position.length
+        lo = (
+            0
+            if enc_dec
+            else bisect.bisect_left(
+                features, num_computed_tokens + 1, key=lambda f: f.mm_position.offset + f.mm_position.length
+            )
         )
         hi = bisect.bisect_left(features, window_end, key=lambda f: f.mm_position.offset)
         for i in range(lo, hi):
@@ -350,7 +354,9 @@ class EncoderCacheManager:
                 if known is None:
                     known = self.get_cached_num_encoder_embeds(request, i)
                     if known is not None and known != num_embeds:
-                        return self._reject(on_mismatch, request, i, identifier, known, num_embeds, encoder_compute_budget)
+                        return self._reject(
+                            on_mismatch, request, i, identifier, known, num_embeds, encoder_compute_budget
+                        )
                 elif known != num_embeds:
                     return self._reject(on_mismatch, request, i, identifier, known, num_embeds, encoder_compute_budget)
                 else:
@@ -435,9 +441,7 @@ class AnyScanEncoderCacheManager(EncoderCacheManager):
     def _last_occurrence(self, request: Any, request_id: str, mm_hash: str) -> bool:
         super()._last_occurrence(request, request_id, mm_hash)
         features = request.mm_features
-        return not any(
-            features[other].identifier == mm_hash for other in self.request_inputs.get(request_id, ())
-        )
+        return not any(features[other].identifier == mm_hash for other in self.request_inputs.get(request_id, ()))
 
 
 class EncoderDecoderCacheManager(EncoderCacheManager):

@@ -8,10 +8,10 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
+use super::cell::StateCell;
 use super::key_list;
 use super::request::{count, identifier, input_index, num_embeds, num_features};
 use super::state::{encoder_decoder_state_from_dict, encoder_decoder_state_to_dict};
-use super::cell::StateCell;
 use super::step::{self, read, write, ManagerState, StepManager};
 use crate::encoder_decoder::EncoderDecoderCache;
 use crate::step::StepArgs;
@@ -159,13 +159,8 @@ impl PyEncoderDecoderCacheManager {
         has_remote_item: Option<&Bound<'py, PyAny>>,
         on_mismatch: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let args = StepArgs {
-            num_computed_tokens,
-            num_new_tokens,
-            encoder_compute_budget,
-            shift_computed_tokens,
-            disable_chunked_mm_input,
-        };
+        let args =
+            StepArgs { num_computed_tokens, num_new_tokens, encoder_compute_budget, shift_computed_tokens, disable_chunked_mm_input };
         step::try_schedule_encoder_inputs(slf, request, args, has_remote_item, on_mismatch)
     }
 
@@ -178,11 +173,7 @@ impl PyEncoderDecoderCacheManager {
         step::allocate_encoder_inputs(slf, request, input_ids, duplicate_input_ids)
     }
 
-    fn free_encoder_inputs_before(
-        slf: &Bound<'_, Self>,
-        request: &Bound<'_, PyAny>,
-        position: i64,
-    ) -> PyResult<Vec<usize>> {
+    fn free_encoder_inputs_before(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, position: i64) -> PyResult<Vec<usize>> {
         let decoder_started = request.getattr(intern!(request.py(), "num_computed_tokens"))?.extract::<i64>()? > 0;
         step::with_request(slf, request, |req| {
             // Frees by size: read the sizes first, with the manager not borrowed.
@@ -202,11 +193,7 @@ impl PyEncoderDecoderCacheManager {
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
         let state = read(slf)?;
-        Ok(format!(
-            "EncoderDecoderCacheManager(cache_size={}, num_free_slots={})",
-            state.cache.cache_size(),
-            state.cache.num_free_slots()
-        ))
+        Ok(format!("EncoderDecoderCacheManager(cache_size={}, num_free_slots={})", state.cache.cache_size(), state.cache.num_free_slots()))
     }
 
     // Reliability: invariant check and state dump/restore (see src/bindings/state.rs).

@@ -28,12 +28,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 use pyo3::{Borrowed, IntoPyObjectExt};
 
-type Entry = unsafe extern "C" fn(
-    *mut ffi::PyObject,
-    *const *mut ffi::PyObject,
-    ffi::Py_ssize_t,
-    *mut ffi::PyObject,
-) -> *mut ffi::PyObject;
+type Entry = unsafe extern "C" fn(*mut ffi::PyObject, *const *mut ffi::PyObject, ffi::Py_ssize_t, *mut ffi::PyObject) -> *mut ffi::PyObject;
 
 /// A method's fast entry, and PyO3's method for every call the entry passes on.
 pub(crate) struct FastMethod {

@@ -68,9 +68,7 @@ impl PyEncoderCacheManager {
     }
 
     fn get_cached_num_encoder_embeds(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
-        with_input(slf, request, input_index(input_id)?, Needs::IDENTIFIER, |cache, input| {
-            Ok(cache.cached_num_embeds(input.identifier()?))
-        })
+        with_input(slf, request, input_index(input_id)?, Needs::IDENTIFIER, |cache, input| Ok(cache.cached_num_embeds(input.identifier()?)))
     }
 
     fn can_allocate(
@@ -220,13 +218,8 @@ impl PyEncoderCacheManager {
         has_remote_item: Option<&Bound<'py, PyAny>>,
         on_mismatch: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let args = StepArgs {
-            num_computed_tokens,
-            num_new_tokens,
-            encoder_compute_budget,
-            shift_computed_tokens,
-            disable_chunked_mm_input,
-        };
+        let args =
+            StepArgs { num_computed_tokens, num_new_tokens, encoder_compute_budget, shift_computed_tokens, disable_chunked_mm_input };
         step::try_schedule_encoder_inputs(slf, request, args, has_remote_item, on_mismatch)
     }
 
@@ -239,11 +232,7 @@ impl PyEncoderCacheManager {
         step::allocate_encoder_inputs(slf, request, input_ids, duplicate_input_ids)
     }
 
-    fn free_encoder_inputs_before(
-        slf: &Bound<'_, Self>,
-        request: &Bound<'_, PyAny>,
-        position: i64,
-    ) -> PyResult<Vec<usize>> {
+    fn free_encoder_inputs_before(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, position: i64) -> PyResult<Vec<usize>> {
         step::with_request(slf, request, |req| req.free_before(&mut write(slf)?.cache, position, false))
     }
 
@@ -284,8 +273,7 @@ impl PyEncoderCacheManager {
     #[classmethod]
     fn restore<'py>(cls: &Bound<'py, PyType>, state: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let state = cache_state_from_dict(state)?;
-        let cache = EncoderCache::restore(&state)
-            .map_err(|v| PyValueError::new_err(format!("inconsistent state: {v}")))?;
+        let cache = EncoderCache::restore(&state).map_err(|v| PyValueError::new_err(format!("inconsistent state: {v}")))?;
         let manager = cls.call1((state.cache_size,))?;
         write(manager.cast::<Self>()?)?.cache = cache;
         Ok(manager)
@@ -309,7 +297,9 @@ mod fast_methods {
     fast_method!(PyEncoderCacheManager, get_cached_num_encoder_embeds, 1, |slf, request, [input_id]| {
         PyEncoderCacheManager::get_cached_num_encoder_embeds(slf, request, input_id)
     });
-    fast_method!(PyEncoderCacheManager, get_cached_input_ids, 0, |slf, request, []| PyEncoderCacheManager::get_cached_input_ids(slf, request));
+    fast_method!(PyEncoderCacheManager, get_cached_input_ids, 0, |slf, request, []| PyEncoderCacheManager::get_cached_input_ids(
+        slf, request
+    ));
     fast_method!(PyEncoderCacheManager, free_encoder_input, 1, |slf, request, [input_id]| {
         PyEncoderCacheManager::free_encoder_input(slf, request, input_id).map(|()| slf.py().None())
     });

@@ -24,9 +24,9 @@ use std::ops::Deref;
 
 use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
+use pyo3::exceptions::{PyException, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::gc::{PyTraverseError, PyVisit};
-use pyo3::exceptions::{PyException, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::{PySet, PyString};
 
@@ -161,13 +161,9 @@ impl ItemRecords {
         }
         Ok(match self.by_request.entry(address(request)) {
             Entry::Occupied(entry) => entry.into_mut(),
-            Entry::Vacant(entry) => entry.insert(Known {
-                request: Held::new(request),
-                id: id.key()?,
-                slots: Vec::new(),
-                calls: Vec::new(),
-                input_set: None,
-            }),
+            Entry::Vacant(entry) => {
+                entry.insert(Known { request: Held::new(request), id: id.key()?, slots: Vec::new(), calls: Vec::new(), input_set: None })
+            }
         })
     }
 
@@ -399,7 +395,13 @@ impl ItemRecords {
     /// Keeps what a call read of input `input_id` (from `feature`) and gives
     /// back what the records now hold for it; None if they cannot place the
     /// request (not known, and its id unread).
-    fn remember(&mut self, request: &Bound<'_, PyAny>, input_id: usize, feature: &Bound<'_, PyAny>, fresh: &mut Fresh<'_>) -> PyResult<Option<CallInput<'_>>> {
+    fn remember(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        input_id: usize,
+        feature: &Bound<'_, PyAny>,
+        fresh: &mut Fresh<'_>,
+    ) -> PyResult<Option<CallInput<'_>>> {
         let known = match &fresh.request_id {
             Some(id) => self.entry(request, &Name::Read(id.clone()))?,
             None => match self.by_request.get_mut(&address(request)) {

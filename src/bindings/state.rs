@@ -13,8 +13,8 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::IntoPyObjectExt;
 use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::IntoPyObjectExt;
 
 use super::request::count;
 use crate::cache::{CacheState, EntryState, InvariantViolation, RequestState};
@@ -27,8 +27,7 @@ pub(crate) fn invariant_error(violation: InvariantViolation) -> PyErr {
     InvariantError::new_err(violation.to_string())
 }
 
-const CACHE_KEYS: [&str; 7] =
-    ["cache_size", "num_free_slots", "num_freeable_slots", "entries", "freeable", "requests", "freed"];
+const CACHE_KEYS: [&str; 7] = ["cache_size", "num_free_slots", "num_freeable_slots", "entries", "freeable", "requests", "freed"];
 const ENCODER_DECODER_KEYS: [&str; 4] = ["cache_size", "num_free_slots", "allocated", "to_free"];
 
 pub(crate) fn cache_state_to_dict<'py>(py: Python<'py>, state: &CacheState) -> PyResult<Bound<'py, PyDict>> {
@@ -60,8 +59,7 @@ pub(crate) fn cache_state_to_dict<'py>(py: Python<'py>, state: &CacheState) -> P
 }
 
 pub(crate) fn cache_state_from_dict(state: &Bound<'_, PyAny>) -> PyResult<CacheState> {
-    let [cache_size, num_free_slots, num_freeable_slots, entries_, freeable_, requests_, freed] =
-        fields(state, &CACHE_KEYS, "state")?;
+    let [cache_size, num_free_slots, num_freeable_slots, entries_, freeable_, requests_, freed] = fields(state, &CACHE_KEYS, "state")?;
     let mut entries = std::collections::BTreeMap::new();
     for (item, entry) in items(&entries_, "state['entries']")? {
         let [num_embeds, referrers] = fields(&entry, &["num_embeds", "referrers"], "an entry")?;

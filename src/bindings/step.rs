@@ -21,15 +21,15 @@
 use std::sync::Arc;
 
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
-use pyo3::intern;
 use pyo3::gc::{PyTraverseError, PyVisit};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::boolean_struct::True;
 use pyo3::types::{PyList, PyTuple};
 
-use super::request::{count, expect_str, input_index, request_id};
 use super::cell::{StateCell, StateMut, StateRef};
 use super::records::{ItemRecords, Name};
+use super::request::{count, expect_str, input_index, request_id};
 use crate::cache::Key;
 use crate::step::{self, Item, Items, Scheduled, StepArgs, StepCache, StepError};
 
@@ -88,10 +88,7 @@ impl<'py> StepRequest<'py> {
     /// Reads the request id if not known and the positions of the items not
     /// yet recorded. `take_records` is called once, to take the stored records
     /// and id, and its borrow ends before any of the request's own code runs.
-    fn read(
-        request: &Bound<'py, PyAny>,
-        take_records: impl FnOnce() -> PyResult<(Option<Key>, Vec<Slot>)>,
-    ) -> PyResult<Self> {
+    fn read(request: &Bound<'py, PyAny>, take_records: impl FnOnce() -> PyResult<(Option<Key>, Vec<Slot>)>) -> PyResult<Self> {
         let (known_id, mut items) = take_records()?;
         let id = match known_id {
             Some(key) => Name::Known(key),
@@ -181,22 +178,12 @@ impl<'py> StepRequest<'py> {
 
     /// vLLM's step result tuple; a mismatch is reported to `on_mismatch`
     /// `(request, input_id, identifier, cached, requested)` first.
-    pub(crate) fn result(
-        &self,
-        out: Scheduled,
-        on_mismatch: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    pub(crate) fn result(&self, out: Scheduled, on_mismatch: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyTuple>> {
         if let (Some(m), Some(callback)) = (&out.mismatch, on_mismatch) {
             callback.call1((&self.request, m.input_id, &*m.identifier, m.cached, m.requested))?;
         }
         let py = self.request.py();
-        (
-            list(py, out.to_encode)?,
-            out.num_new_tokens,
-            out.encoder_compute_budget,
-            list(py, out.from_remote)?,
-            list(py, out.repeated)?,
-        )
+        (list(py, out.to_encode)?, out.num_new_tokens, out.encoder_compute_budget, list(py, out.from_remote)?, list(py, out.repeated)?)
             .into_pyobject(py)
     }
 }

@@ -76,10 +76,7 @@ impl CacheState {
     pub fn check(&self) -> Result<(), InvariantViolation> {
         let cached: u128 = self.entries.values().map(|e| u128::from(e.num_embeds)).sum();
         if u128::from(self.num_free_slots) + cached != u128::from(self.cache_size) {
-            return broken(
-                SLOTS_ACCOUNTED,
-                format!("{} free + {cached} cached != {}", self.num_free_slots, self.cache_size),
-            );
+            return broken(SLOTS_ACCOUNTED, format!("{} free + {cached} cached != {}", self.num_free_slots, self.cache_size));
         }
 
         let mut seen = BTreeSet::new();
@@ -97,10 +94,7 @@ impl CacheState {
                 );
             }
             if *size != entry.num_embeds {
-                return broken(
-                    FREEABLE_UNREFERENCED,
-                    format!("freeable item '{item}' has size {size}, cached size {}", entry.num_embeds),
-                );
+                return broken(FREEABLE_UNREFERENCED, format!("freeable item '{item}' has size {size}, cached size {}", entry.num_embeds));
             }
         }
         if let Some(item) = self.entries.iter().find(|(k, e)| e.referrers.is_empty() && !seen.contains(k.as_str())) {

@@ -12,17 +12,43 @@ pub const ITEMS: u8 = 6;
 
 #[derive(Debug, Clone)]
 pub enum Op {
-    CheckAndUpdate { request: u8, input: usize, item: u8 },
-    CanAllocate { item: u8, budget: i64, scheduled: i64 },
+    CheckAndUpdate {
+        request: u8,
+        input: usize,
+        item: u8,
+    },
+    CanAllocate {
+        item: u8,
+        budget: i64,
+        scheduled: i64,
+    },
     /// `size` overrides the item's usual size (a request that disagrees with the cache).
-    Allocate { request: u8, input: usize, item: u8, size: Option<u64> },
-    FreeInput { request: u8, input: usize },
-    Free { request: u8 },
+    Allocate {
+        request: u8,
+        input: usize,
+        item: u8,
+        size: Option<u64>,
+    },
+    FreeInput {
+        request: u8,
+        input: usize,
+    },
+    Free {
+        request: u8,
+    },
     TakeFreed,
     /// The step-level API: schedule tokens `[computed, computed + new_tokens)`
     /// of the request, then allocate what the step chose.
-    Step { request: u8, computed: i64, new_tokens: i64, budget: i64 },
-    FreeBefore { request: u8, position: i64 },
+    Step {
+        request: u8,
+        computed: i64,
+        new_tokens: i64,
+        budget: i64,
+    },
+    FreeBefore {
+        request: u8,
+        position: i64,
+    },
     Reset,
     /// Replace the cache by one restored from its snapshot.
     Restore,

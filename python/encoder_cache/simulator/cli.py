@@ -131,7 +131,9 @@ def _variants(implementations: list[str], behaviours: list[str]) -> list[tuple[s
             raise UsageError(f"--impl {i} has no variant with --behaviour {','.join(behaviours)}; rust is fixed only")
     for b in behaviours:
         if not any(v[1] == b for v in chosen):
-            raise UsageError(f"--behaviour {b} has no variant with --impl {','.join(implementations)}; add --impl python")
+            raise UsageError(
+                f"--behaviour {b} has no variant with --impl {','.join(implementations)}; add --impl python"
+            )
     return chosen
 
 

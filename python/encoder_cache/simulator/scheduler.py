@@ -65,7 +65,9 @@ class SchedulerLimits:
     # Defaults: vLLM's for an API server on a GPU under 70 GiB.
     max_num_batched_tokens: int = option(2048, "token budget of one step", "N")
     max_num_seqs: int = option(256, "most requests running at once", "N")
-    max_num_encoder_input_tokens: int | None = option(None, "encoder compute budget per step, in embeddings (default: the token budget)", "N")
+    max_num_encoder_input_tokens: int | None = option(
+        None, "encoder compute budget per step, in embeddings (default: the token budget)", "N"
+    )
     encoder_cache_size: int | None = option(None, "encoder cache size, in embeddings (default: the token budget)", "N")
     kv_capacity: int = option(262144, "KV-cache capacity in tokens; beyond it the newest request is preempted", "N")
 
@@ -134,7 +136,7 @@ class RunResult:
 class _Live:
     """A request in flight: the manager's ``Request`` plus the scheduler's state."""
 
-    __slots__ = ("spec", "request", "session", "turn", "num_tokens", "num_output", "served", "starts", "ends")
+    __slots__ = ("ends", "num_output", "num_tokens", "request", "served", "session", "spec", "starts", "turn")
 
     def __init__(self, spec: RequestSpec, session: Session, turn: int) -> None:
         self.spec = spec
@@ -384,7 +386,12 @@ class _Run:
 
     def _check_released(self) -> None:
         m = self.manager
-        if any(m.cached.values()) or m.request_cached_ids or m.request_hash_refs or m.num_freeable_slots != m.cache_size:
+        if (
+            any(m.cached.values())
+            or m.request_cached_ids
+            or m.request_hash_refs
+            or m.num_freeable_slots != m.cache_size
+        ):
             raise SimulationError("references are left after every request finished")
 
 

@@ -37,9 +37,7 @@ DEFAULT_RATES = {"chat": 0.05, "video": 0.02, "popular": 0.5, "mix": 0.1}
 Range = tuple[int, int]
 
 
-def option(
-    default: Any, help: str, metavar: str | None = None, flag: str | None = None, choices: Any = None
-) -> Any:
+def option(default: Any, help: str, metavar: str | None = None, flag: str | None = None, choices: Any = None) -> Any:
     """A config field, with what the command line's option for it needs."""
     return field(default=default, metadata={"help": help, "metavar": metavar, "flag": flag, "choices": choices})
 
@@ -52,7 +50,11 @@ class WorkloadConfig:
     requests: int = option(2000, "number of requests to generate (the scale)", "N")
     seed: int = option(0, "random seed: the same seed gives the same workload and the same counters", "N")
     arrival_rate: float | None = option(
-        None, "new sessions per scheduler step, Poisson (default: " + ", ".join(f"{k} {r:g}" for k, r in DEFAULT_RATES.items()) + ")", "RATE"
+        None,
+        "new sessions per scheduler step, Poisson (default: "
+        + ", ".join(f"{k} {r:g}" for k, r in DEFAULT_RATES.items())
+        + ")",
+        "RATE",
     )
     system_tokens: int = option(64, "system-prompt tokens at the start of every request", "N")
     text_tokens: Range = option((16, 256), "text tokens of each user message")
@@ -60,14 +62,18 @@ class WorkloadConfig:
     image_embeds: Range = option((256, 1280), "encoder embeddings per image")
     turns: Range = option((2, 8), "chat: turns per conversation")
     images_per_turn: Range = option((0, 2), "chat: new images per turn (the first turn has at least one)")
-    repeat_prob: float = option(0.5, "chat: chance that a turn re-attaches an earlier image (recent ones likelier)", "P")
+    repeat_prob: float = option(
+        0.5, "chat: chance that a turn re-attaches an earlier image (recent ones likelier)", "P"
+    )
     think_steps: float = option(20.0, "chat: mean steps between an answer and the next turn", "STEPS")
     frames: Range = option((100, 300), "video: frame items per video")
     frame_embeds: Range = option((64, 256), "video: encoder embeddings per frame (drawn once per video)")
     catalogue: int = option(32, "popular: number of distinct popular images", "N")
     zipf: float = option(1.1, "popular: Zipf exponent of image popularity", "S")
     popular_images: Range = option((1, 2), "popular: images per request")
-    mix: tuple[float, float, float] = option((2.0, 1.0, 2.0), "mix: weights of chat, video and popular sessions", "C:V:P")
+    mix: tuple[float, float, float] = option(
+        (2.0, 1.0, 2.0), "mix: weights of chat, video and popular sessions", "C:V:P"
+    )
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -221,7 +227,7 @@ class _Generator:
                     prompt.item(identifier, size, "image")
             output = self.draw(c.output_tokens)
             specs.append(prompt.spec(f"{name}-turn{turn}", output))
-            history += message + [("text", output, "")]
+            history += [*message, ("text", output, "")]
             think.append(int(self.rng.exponential(c.think_steps)) if c.think_steps else 0)
         return specs, think[:-1]
 
