@@ -1,6 +1,7 @@
 """One scheduler step for one request whose items are all cached: the Rust
-step-level call against the pure-Python rendering of vLLM 0.33's per-item loop
-over the pure-Python manager, side by side in the same run.
+step-level call against vLLM 0.33 scheduler's per-item loop over vLLM's own
+manager (``vllm``, see ``vllm_baseline.py``) and over the pure-Python twin
+(``python``), side by side in the same run.
 
 - ``schedule``: ``try_schedule_encoder_inputs`` alone (every item a cache hit);
 - ``schedule+free``: the same, then ``free_encoder_inputs_before`` with nothing
@@ -14,11 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from workloads import STEP_MANAGERS
 
-import encoder_cache
-from encoder_cache import MultiModalFeature, PlaceholderRange, Request, reference
+from encoder_cache import MultiModalFeature, PlaceholderRange, Request
 
-IMPLEMENTATIONS = {"rust": encoder_cache.EncoderCacheManager, "python": reference.EncoderCacheManager}
+IMPLEMENTATIONS = STEP_MANAGERS
 ITEM_TOKENS = 64
 GAP = 8  # text tokens between items
 BUDGET = 10**6
