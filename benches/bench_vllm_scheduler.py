@@ -12,17 +12,20 @@ The variants (``tests/vllm_harness.py`` builds them as vLLM's engine does):
   recorded, in order, and do nothing else. The scheduler then makes the same
   decisions, so its step is what any encoder-cache code could at best reach.
 
-``python benches/bench_vllm_scheduler.py`` prints the BENCHMARKS.md table. Per
-workload, each round runs every variant once untimed-inside (the whole step:
-``schedule()`` + ``update_from_output()``, fake model output excluded) and
-once with a timer around each encoder-input method call (minus the timer's own
-cost, a timed empty method); the variants are interleaved round by round, the
-garbage collector is off during a run. Each step's (and each method call's)
-median over the rounds is taken, and the mean over the steps reported; ratios
-are of those figures, all from the same run.
-"Extension calls" counts calls into our compiled manager's methods per step
-(for stock: calls into vLLM's manager). Under pytest (``make bench``) each
-variant's whole run is timed by pytest-benchmark instead.
+``python benches/bench_vllm_scheduler.py [--runs N] [workload ...]`` prints
+the BENCHMARKS.md table. Per workload, each round runs every variant once
+untimed inside (the whole step: ``schedule()`` + ``update_from_output()``,
+fake model output excluded) and once with a timer around each encoder-input
+method call (minus the timer's own cost, a timed empty method); the variants
+are interleaved round by round and the garbage collector is off during a run.
+Every round makes the same calls in the same order, so each step (and each
+method call) is taken at its fastest round, the one least disturbed by other
+load on the machine, and the mean over the steps is reported; ratios are of
+those figures, all from the same run. With ``--runs N`` the whole measurement
+is repeated N times and each cell is the median over the runs. "Extension
+calls" counts calls into our compiled manager's methods per step (for stock:
+calls into vLLM's manager). Under pytest (``make bench``) each variant's whole
+run is timed by pytest-benchmark instead.
 Skipped unless vLLM 0.33 is importable.
 """
 
@@ -241,11 +244,8 @@ def count_manager_calls(variant: str, model, workload: str) -> tuple[float, int]
 
 
 def _per_unit(rounds: list[list[int]], num_steps: int) -> float:
-    """µs per step: each step's (or call's) median over the rounds, summed, over
-    the steps. Every round makes the same calls in the same order, so a burst
-    of load from elsewhere on the machine moves a few rounds of a step, not
-    its median."""
-    return sum(statistics.median(times) for times in zip(*rounds, strict=True)) / num_steps / 1e3
+    """µs per step: each step's (or call's) fastest round, summed, over the steps."""
+    return sum(min(times) for times in zip(*rounds, strict=True)) / num_steps / 1e3
 
 
 def measure(model, workload: str, rounds: int, overhead: float) -> dict[str, dict[str, Any]]:
@@ -276,8 +276,15 @@ def measure(model, workload: str, rounds: int, overhead: float) -> dict[str, dic
     return found
 
 
-def report(rounds: int = ROUNDS, workloads: list[str] | None = None) -> str:
-    """The BENCHMARKS.md table."""
+def _median(found: list[dict], variant: str, key: str, over: str | None = None) -> float:
+    """Median over runs of a figure, or of ``over``'s figure divided by it (a ratio)."""
+    if over is None:
+        return statistics.median(f[variant][key] for f in found)
+    return statistics.median(f[over][key] / f[variant][key] for f in found)
+
+
+def report(rounds: int = ROUNDS, workloads: list[str] | None = None, runs: int = 1) -> str:
+    """The BENCHMARKS.md table; with ``runs`` > 1, each cell is the median over runs."""
     overhead = timer_cost()
     lines = [
         "| workload | steps | variant | step, µs | vs stock | ceiling vs stock | encoder methods, µs/step "
@@ -287,28 +294,40 @@ def report(rounds: int = ROUNDS, workloads: list[str] | None = None) -> str:
     with tempfile.TemporaryDirectory() as directory:
         model = harness.model_config(Path(directory))
         for workload in workloads or WORKLOADS:
-            found = measure(model, workload, rounds, overhead)
-            stock = found["stock"]
-            ceiling = stock["step"] / found["ceiling"]["step"]
+            found = [measure(model, workload, rounds, overhead) for _ in range(runs)]
+
+            ceiling = _median(found, "ceiling", "step", over="stock")
             for variant in VARIANTS:
-                row = found[variant]
-                cells = [workload, str(stock["steps"]), variant, f"{row['step']:.0f}"]
-                cells += [f"{stock['step'] / row['step']:.2f}x", f"{ceiling:.2f}x"]
+                row = found[0][variant]
+                cells = [workload, str(found[0]["stock"]["steps"]), variant, f"{_median(found, variant, 'step'):.0f}"]
+                cells += [f"{_median(found, variant, 'step', over='stock'):.2f}x", f"{ceiling:.2f}x"]
                 if variant == "ceiling":
                     cells += ["0", "", "", ""]
                 else:
                     calls = f"{row['calls']:.1f}"
                     cells += [
-                        f"{row['encoder']:.1f}",
-                        f"{stock['encoder'] / row['encoder']:.2f}x",
+                        f"{_median(found, variant, 'encoder'):.1f}",
+                        f"{_median(found, variant, 'encoder', over='stock'):.2f}x",
                         f"{row['method_calls']:.1f}",
                         f"({calls} into vLLM's)" if variant == "stock" else calls,
                     ]
                 lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"Timer cost removed from each encoder-method call: {overhead:.0f} ns.")
+    lines.append(
+        f"Timer cost removed from each encoder-method call: {overhead:.0f} ns; {runs} run(s) of {rounds} rounds."
+    )
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(report(workloads=sys.argv[1:] or None))
+    import argparse
+
+    parser = argparse.ArgumentParser(description="vLLM 0.33's real scheduler: the BENCHMARKS.md table")
+    parser.add_argument("--runs", type=int, default=1, help="repeat the measurement; cells are medians over runs")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds per run (default %(default)s)")
+    parser.add_argument("workloads", nargs="*", help=f"any of {', '.join(WORKLOADS)} (default: all)")
+    args = parser.parse_args()
+    unknown = sorted(set(args.workloads) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; choose from {list(WORKLOADS)}")
+    print(report(args.rounds, args.workloads or None, args.runs))
