@@ -16,7 +16,7 @@ use hashbrown::{Equivalent, HashMap, HashSet};
 
 mod eviction;
 mod inputs;
-mod state;
+pub mod state;
 use eviction::EvictionQueue;
 pub use inputs::HeldInputs;
 pub use state::{CacheState, EntryState, InvariantViolation, RequestState};
@@ -95,6 +95,10 @@ pub enum CacheError {
     /// `mm_features` changed under a held input). Counting the new item there
     /// would leave a reference that no free could ever release.
     InputHeld { request_id: String, input_id: usize, held: String, given: String },
+    /// A resize below what the referenced entries (or held inputs) take.
+    ShrinkBelowReferenced { cache_size: u64, referenced: u64 },
+    /// An encoder-decoder `allocate` for an input the request holds already.
+    InputAllocated { request_id: String, input_id: usize },
 }
 
 impl std::fmt::Display for CacheError {
@@ -116,6 +120,14 @@ impl std::fmt::Display for CacheError {
                 "request '{request_id}' already holds input {input_id} as item '{held}', not '{given}'; \
                  free that input before reusing its id"
             ),
+            Self::ShrinkBelowReferenced { cache_size, referenced } => write!(
+                f,
+                "cannot resize the cache to {cache_size} embeddings: entries in use take {referenced}; \
+                 free requests first or choose a size of at least {referenced}"
+            ),
+            Self::InputAllocated { request_id, input_id } => {
+                write!(f, "request '{request_id}' already holds input {input_id}; free it before allocating it again")
+            }
         }
     }
 }
@@ -395,9 +407,17 @@ impl EncoderCache {
         if needed > i128::from(self.num_freeable_slots) {
             return false;
         }
-        // Eviction is bookkeeping only: workers drop the tensors when the
-        // scheduler output carries `take_freed`.
-        while needed > i128::from(self.num_free_slots) {
+        // `needed` is within the freeable slots, so within u64.
+        self.evict_until_free(u64::try_from(needed).unwrap_or(u64::MAX));
+        true
+    }
+
+    /// Evicts unreferenced entries, next in the eviction order first, until
+    /// `needed` slots are free or nothing is left to evict. Eviction is
+    /// bookkeeping only: workers drop the tensors when the scheduler output
+    /// carries `take_freed`.
+    fn evict_until_free(&mut self, needed: u64) {
+        while needed > self.num_free_slots {
             let Some((stamp, key)) = self.eviction.pop() else {
                 break;
             };
@@ -409,7 +429,28 @@ impl EncoderCache {
                 _ => self.eviction.skipped(),
             }
         }
-        true
+    }
+
+    /// Changes the capacity to `cache_size` embeddings: growing adds free
+    /// slots; shrinking evicts unreferenced entries as an allocation would.
+    /// Refused, changing nothing, when the referenced entries take more.
+    pub fn resize(&mut self, cache_size: u64) -> Result<(), CacheError> {
+        let referenced = self.cache_size - self.num_freeable_slots;
+        if cache_size < referenced {
+            return Err(CacheError::ShrinkBelowReferenced { cache_size, referenced });
+        }
+        if cache_size < self.cache_size {
+            let removed = self.cache_size - cache_size;
+            self.evict_until_free(removed);
+            self.num_free_slots -= removed;
+            self.num_freeable_slots -= removed;
+        } else {
+            let added = cache_size - self.cache_size;
+            self.num_free_slots += added;
+            self.num_freeable_slots += added;
+        }
+        self.cache_size = cache_size;
+        Ok(())
     }
 
     /// Reserve space for a newly encoded item, referenced by `request_id` at
@@ -686,6 +727,23 @@ mod tests {
         assert!(!cache.can_allocate(u64::MAX, i64::MAX, i64::MAX));
         assert!(!cache.can_allocate(1, i64::MIN, 0));
         assert!(cache.can_allocate(1, 1, i64::MIN));
+    }
+
+    #[test]
+    fn resize_grows_shrinks_by_evicting_and_refuses_below_the_entries_in_use() {
+        let mut cache = EncoderCache::new(12);
+        cache.allocate("r1", 0, "a", 4).unwrap();
+        cache.allocate("r2", 0, "b", 4).unwrap();
+        cache.free("r1");
+        let before = format!("{cache:?}");
+        assert_eq!(cache.resize(3), Err(CacheError::ShrinkBelowReferenced { cache_size: 3, referenced: 4 }));
+        assert_eq!(format!("{cache:?}"), before, "a refused resize changes nothing");
+        cache.resize(6).unwrap();
+        assert_eq!(cache.take_freed().iter().map(|k| &**k).collect::<Vec<_>>(), ["a"]);
+        assert_eq!((cache.cache_size(), cache.num_free_slots(), cache.num_freeable_slots()), (6, 2, 2));
+        cache.resize(20).unwrap();
+        assert_eq!((cache.num_free_slots(), cache.num_freeable_slots()), (16, 16));
+        assert_eq!(cache.check_invariants(), Ok(()));
     }
 
     #[test]

@@ -86,24 +86,37 @@ proptest! {
         prop_assert!(EncoderCache::restore(&state).is_err());
     }
 
-    /// The encoder-decoder manager's signed slot count never wraps, whatever
-    /// the sizes (vLLM's Python ints are unbounded).
+    /// The encoder-decoder manager frees each held input once: its free
+    /// slots and held sizes always add up to `cache_size`, whatever the calls.
     #[test]
-    fn encoder_decoder_slot_count_is_exact(
+    fn encoder_decoder_frees_each_input_once(
         cache_size in prop_oneof![0u64..48, Just(u64::MAX)],
-        ops in prop::collection::vec((any::<bool>(), prop_oneof![0u64..20, Just(u64::MAX)]), 1..50),
+        ops in prop::collection::vec((0u8..3, 0usize..3, 0usize..4, prop_oneof![0u64..20, Just(u64::MAX)]), 1..60),
     ) {
         let mut cache = EncoderDecoderCache::new(cache_size);
-        let mut expected = i128::from(cache_size);
-        for (allocate, size) in ops {
-            if allocate {
-                cache.allocate("item".into(), size);
-                expected -= i128::from(size);
-            } else {
-                cache.free_encoder_input(size);
-                expected += i128::from(size);
+        let mut held: std::collections::BTreeMap<(usize, usize), u64> = std::collections::BTreeMap::new();
+        for (op, request, input_id, size) in ops {
+            let request_id = format!("r{request}");
+            match op {
+                0 => {
+                    let fits = size <= cache.num_free_slots() && !held.contains_key(&(request, input_id));
+                    prop_assert_eq!(cache.allocate(request_id.as_str(), input_id, "item".into(), size).is_ok(), fits);
+                    if fits {
+                        held.insert((request, input_id), size);
+                    }
+                }
+                1 => {
+                    let was_held = held.remove(&(request, input_id)).is_some();
+                    prop_assert_eq!(cache.free_encoder_input(request_id.as_str(), input_id), was_held);
+                }
+                _ => {
+                    cache.free(request_id.as_str());
+                    held.retain(|(r, _), _| *r != request);
+                }
             }
-            prop_assert_eq!(cache.num_free_slots(), expected);
+            let held_total: u128 = held.values().map(|&n| u128::from(n)).sum();
+            prop_assert_eq!(u128::from(cache.num_free_slots()) + held_total, u128::from(cache_size));
+            prop_assert!(cache.check_invariants().is_ok());
         }
     }
 }
