@@ -270,7 +270,7 @@ impl StepCache for EncoderDecoderCache {
 fn bisect_left(len: usize, x: i128, key: impl Fn(usize) -> u64) -> usize {
     let (mut lo, mut hi) = (0, len);
     while lo < hi {
-        let mid = (lo + hi) / 2;
+        let mid = usize::midpoint(lo, hi);
         if i128::from(key(mid)) < x {
             lo = mid + 1;
         } else {
@@ -390,7 +390,7 @@ pub fn try_schedule<'a, C: StepCache, I: Items + ?Sized, E: From<StepError>>(
             continue;
         }
         // can_allocate checked num_embeds <= budget, so this cannot underflow.
-        out.encoder_compute_budget -= item.num_embeds as i64;
+        out.encoder_compute_budget -= i64::try_from(item.num_embeds).unwrap_or(i64::MAX);
         out.to_encode.push(input_id);
     }
     Ok(out)

@@ -81,13 +81,12 @@ impl<'py> StepRequest<'py> {
                 continue;
             };
             let seen = input_id.checked_sub(self.first_seen).and_then(|i| self.seen.get(i));
-            let (feature, position) = match seen {
-                Some((feature, position)) => (feature.clone(), position.clone()),
-                None => {
-                    let feature = self.features.get_item(input_id)?;
-                    let position = feature.getattr(intern!(feature.py(), "mm_position"))?;
-                    (feature, position)
-                }
+            let (feature, position) = if let Some((feature, position)) = seen {
+                (feature.clone(), position.clone())
+            } else {
+                let feature = self.features.get_item(input_id)?;
+                let position = feature.getattr(intern!(feature.py(), "mm_position"))?;
+                (feature, position)
             };
             self.items[input_id] = Slot::Read(Box::new(read_item(&feature, &position, offset, length)?));
         }
@@ -172,10 +171,7 @@ fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u6
     let mask = if is_embed.is_none() {
         None
     } else {
-        let values = match is_embed.hasattr(intern!(py, "tolist"))? {
-            true => is_embed.call_method0(intern!(py, "tolist"))?,
-            false => is_embed,
-        };
+        let values = if is_embed.hasattr(intern!(py, "tolist"))? { is_embed.call_method0(intern!(py, "tolist"))? } else { is_embed };
         let mask = values.try_iter()?.map(|v| v?.is_truthy()).collect::<PyResult<Vec<bool>>>()?;
         if mask.len() as u64 != length {
             return Err(PyValueError::new_err(format!(

@@ -169,7 +169,7 @@ impl EncoderCache {
                 .entries
                 .iter()
                 .map(|(k, e)| {
-                    let referrers = e.referrers.iter().map(|r| r.to_string()).collect();
+                    let referrers = e.referrers.iter().map(ToString::to_string).collect();
                     (k.to_string(), EntryState { num_embeds: e.num_embeds, referrers })
                 })
                 .collect(),
@@ -183,7 +183,7 @@ impl EncoderCache {
                     (r.to_string(), RequestState { inputs, occurrences })
                 })
                 .collect(),
-            freed: self.freed.iter().map(|k| k.to_string()).collect(),
+            freed: self.freed.iter().map(ToString::to_string).collect(),
         }
     }
 
@@ -194,11 +194,11 @@ impl EncoderCache {
 
     /// A cache in exactly `state`, which must satisfy every invariant.
     pub fn restore(state: &CacheState) -> Result<Self, InvariantViolation> {
-        state.check()?;
         // Share one allocation per item and per request id, as the live cache does.
         fn intern<'a>(keys: &mut HashMap<&'a str, Key>, s: &'a str) -> Key {
             keys.entry(s).or_insert_with(|| Arc::from(s)).clone()
         }
+        state.check()?;
         let mut keys = HashMap::new();
         let mut key = |s| intern(&mut keys, s);
         let mut entries: HashMap<Key, Entry> = state

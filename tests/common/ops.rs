@@ -72,10 +72,11 @@ pub fn item_size(item: u8) -> u64 {
 /// per-item operations may have cached other items at those inputs, which the
 /// step must refuse cleanly.
 fn items(request: u8) -> Vec<Item> {
-    (0..INPUTS)
-        .map(|k| {
-            let item = (2 * request + k as u8) % 4;
-            Item::new(item_name(item).into(), 20 * k as u64, item_size(item), item_size(item), None)
+    (0u8..)
+        .take(INPUTS)
+        .map(|input| {
+            let item = (2 * request + input) % 4;
+            Item::new(item_name(item).into(), 20 * u64::from(input), item_size(item), item_size(item), None)
         })
         .collect()
 }
