@@ -42,12 +42,14 @@ manager_methods!(PyEncoderDecoderCacheManager {
     }
 
     /// Return False: nothing is shared between requests, so there is never a hit.
+    #[allow(clippy::unused_self)] // a method, as on EncoderCacheManager
     fn check_and_update_cache(&self, request: &Bound<'_, PyAny>, input_id: i64) -> bool {
         let _ = (request, input_id);
         false
     }
 
     /// Return None: nothing is shared between requests, so nothing is ever cached.
+    #[allow(clippy::unused_self)] // a method, as on EncoderCacheManager
     fn get_cached_num_encoder_embeds(&self, request: &Bound<'_, PyAny>, input_id: i64) -> Option<u64> {
         let _ = (request, input_id);
         None

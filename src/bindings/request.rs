@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned())
+    obj.get_type().name().map_or_else(|_| "?".to_owned(), |n| n.to_string())
 }
 
 pub(crate) fn expect_str<'py>(obj: Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyString>> {
@@ -21,7 +21,8 @@ pub(crate) fn expect_str<'py>(obj: Bound<'py, PyAny>, what: &str) -> PyResult<Bo
 }
 
 /// What a request must look like, for errors about one that does not.
-const REQUEST_SHAPE: &str = "a request with `request_id` and `mm_features` (vLLM's Request, or encoder_cache.Request)";
+const REQUEST_SHAPE: &str =
+    "a request with `request_id`, `mm_features` and `get_num_encoder_embeds` (vLLM's Request, or encoder_cache.Request)";
 
 /// `request.<name>`; a request without the attribute is a TypeError that says what a request is.
 fn request_attr<'py>(request: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
@@ -90,6 +91,6 @@ pub(crate) fn count(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 }
 
 pub(crate) fn num_embeds(request: &Bound<'_, PyAny>, input_id: usize) -> PyResult<u64> {
-    let n = request.call_method1(intern!(request.py(), "get_num_encoder_embeds"), (input_id,))?;
+    let n = request_attr(request, intern!(request.py(), "get_num_encoder_embeds"))?.call1((input_id,))?;
     count(&n, "request.get_num_encoder_embeds()")
 }
