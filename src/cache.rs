@@ -16,6 +16,8 @@ use hashbrown::{Equivalent, HashMap, HashSet};
 
 mod inputs;
 mod policy;
+#[cfg(test)]
+mod policy_tests;
 mod state;
 mod stats;
 pub use inputs::HeldInputs;

@@ -41,7 +41,7 @@ pub enum Policy {
 /// GDSF's encoder-cost model: encoding `n` embeddings costs `n + n² / C`
 /// (linear work plus attention quadratic in the item's patches), so its cost
 /// per embedding is `1 + n / C`.
-pub const GDSF_COST_SCALE: f64 = 4096.0;
+pub const GDSF_COST_SCALE: f64 = 8192.0;
 
 /// S3-FIFO: the most hits an entry of the main lane is credited with (each
 /// buys one more pass before eviction).
