@@ -123,7 +123,7 @@ impl EncoderDecoderCache {
     pub fn resize(&mut self, cache_size: u64) -> Result<(), CacheError> {
         let used = self.cache_size - self.num_free_slots;
         if cache_size < used {
-            return Err(CacheError::ShrinkBelowReferenced { cache_size, referenced: used });
+            return Err(CacheError::ReferencedExceedSize { cache_size, referenced: used });
         }
         self.num_free_slots = cache_size - used;
         self.cache_size = cache_size;
@@ -221,7 +221,7 @@ mod tests {
         let before = cache.snapshot();
         assert!(matches!(cache.allocate("s", 0, Key::from("b"), 50), Err(CacheError::InsufficientSpace { .. })));
         assert!(matches!(cache.allocate("r", 0, Key::from("a"), 10), Err(CacheError::InputAllocated { .. })));
-        assert!(matches!(cache.resize(59), Err(CacheError::ShrinkBelowReferenced { .. })));
+        assert!(matches!(cache.resize(59), Err(CacheError::ReferencedExceedSize { .. })));
         assert_eq!(cache.snapshot(), before);
         cache.resize(60).unwrap();
         assert_eq!((cache.cache_size(), cache.num_free_slots()), (60, 0));

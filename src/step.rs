@@ -28,6 +28,9 @@ pub struct Item {
     pub length: u64,
     /// Embeddings the encoder produces for the item.
     pub num_embeds: u64,
+    /// The item's modality tag for the cache's counters (0 = unknown; see
+    /// [`Item::with_modality`]).
+    pub modality: u8,
     /// Running count of the placeholder tokens that take an embedding (the
     /// cumulative sum of `is_embed`), or `None` when all of them do.
     embeds_cumsum: Option<Box<[u64]>>,
@@ -45,7 +48,14 @@ impl Item {
                 })
                 .collect()
         });
-        Self { identifier, offset, length, num_embeds, embeds_cumsum }
+        Self { identifier, offset, length, num_embeds, modality: 0, embeds_cumsum }
+    }
+
+    /// The item with modality tag `modality` (the caller's numbering; 0 = unknown).
+    #[must_use]
+    pub fn with_modality(mut self, modality: u8) -> Self {
+        self.modality = modality;
+        self
     }
 
     /// The embeddings `(first, last)` covered by placeholder tokens
@@ -215,7 +225,7 @@ impl StepCache for EncoderCache {
     }
 
     fn allocate(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<(), CacheError> {
-        EncoderCache::allocate(self, request_id, input_id, item.identifier.clone(), item.num_embeds)
+        EncoderCache::allocate_tagged(self, request_id, input_id, item.identifier.clone(), item.num_embeds, item.modality)
     }
 
     fn held_inputs(&self, request_id: KeyArg<'_>, _num_items: usize) -> impl Iterator<Item = usize> + '_ {

@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::ops::{apply, Op, INPUTS, ITEMS, REQUESTS};
+use common::ops::{apply, Op, INPUTS, ITEMS, POLICIES, REQUESTS};
+use encoder_cache::cache::Policy;
 use encoder_cache::{EncoderCache, EncoderDecoderCache};
 use proptest::prelude::*;
 
@@ -29,7 +30,14 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (request, 0i64..130).prop_map(|(request, position)| Op::FreeBefore { request, position }),
         1 => Just(Op::Reset),
         1 => Just(Op::Restore),
+        2 => (0..REQUESTS, any::<u8>()).prop_map(|(request, items)| Op::Mark { request, items }),
+        2 => (0..REQUESTS).prop_map(|request| Op::Unmark { request }),
+        1 => (0u64..48).prop_map(|size| Op::Resize { size }),
     ]
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    prop::sample::select(POLICIES.to_vec())
 }
 
 fn run(cache: &mut EncoderCache, ops: &[Op]) -> Result<(), TestCaseError> {
@@ -38,24 +46,31 @@ fn run(cache: &mut EncoderCache, ops: &[Op]) -> Result<(), TestCaseError> {
 
 proptest! {
     #[test]
-    fn invariants_hold_after_every_operation(cache_size in 0u64..48, ops in prop::collection::vec(op(), 1..200)) {
-        run(&mut EncoderCache::new(cache_size), &ops)?;
+    fn invariants_hold_after_every_operation(
+        cache_size in 0u64..48,
+        policy in policy(),
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
+        run(&mut EncoderCache::with_policy(cache_size, policy), &ops)?;
     }
 
     /// A restored cache behaves exactly like the original from then on.
     #[test]
     fn restored_cache_behaves_like_the_original(
         cache_size in 0u64..48,
+        policy in policy(),
         prefix in prop::collection::vec(op(), 0..100),
         suffix in prop::collection::vec(op(), 1..100),
     ) {
-        let mut cache = EncoderCache::new(cache_size);
+        let mut cache = EncoderCache::with_policy(cache_size, policy);
         run(&mut cache, &prefix)?;
-        let mut restored = EncoderCache::restore(&cache.snapshot()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut restored = EncoderCache::restore_with(&cache.snapshot(), &cache.policy_snapshot())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         for op in &suffix {
             run(&mut cache, std::slice::from_ref(op))?;
             run(&mut restored, std::slice::from_ref(op))?;
             prop_assert_eq!(cache.snapshot(), restored.snapshot());
+            prop_assert_eq!(cache.policy_snapshot(), restored.policy_snapshot());
         }
     }
 
@@ -63,12 +78,14 @@ proptest! {
     #[test]
     fn restore_refuses_corrupted_states(
         cache_size in 1u64..48,
+        policy in policy(),
         ops in prop::collection::vec(op(), 1..100),
-        corruption in 0u8..5,
+        corruption in 0u8..7,
     ) {
-        let mut cache = EncoderCache::new(cache_size);
+        let mut cache = EncoderCache::with_policy(cache_size, policy);
         run(&mut cache, &ops)?;
         let mut state = cache.snapshot();
+        let mut policy_state = cache.policy_snapshot();
         match corruption {
             0 => state.num_free_slots += 1,
             1 => state.num_freeable_slots += 1,
@@ -78,12 +95,25 @@ proptest! {
                 let Some(entry) = state.entries.values_mut().next() else { return Ok(()) };
                 entry.referrers.insert("ghost".to_owned());
             }
-            _ => {
+            4 => {
                 let Some(held) = state.requests.values_mut().next() else { return Ok(()) };
                 *held.occurrences.values_mut().next().expect("a recorded request counts an item") += 1;
             }
+            5 => {
+                // A waiting mark on the first evictable entry, ahead of the unmarked ones.
+                let needed: std::collections::BTreeSet<&String> = policy_state.waiting.values().flatten().collect();
+                let Some(pos) = state.freeable.iter().position(|(item, _)| !needed.contains(item)) else { return Ok(()) };
+                if state.freeable[pos + 1..].iter().all(|(item, _)| needed.contains(item)) { return Ok(()) }
+                let item = state.freeable[pos].0.clone();
+                policy_state.waiting.insert("ghost".to_owned(), vec![item]);
+            }
+            _ => {
+                // Frequency zero, or a rank on a referenced entry.
+                let Some((item, meta)) = policy_state.entries.iter_mut().next() else { return Ok(()) };
+                if state.entries[item].referrers.is_empty() { meta.frequency = 0 } else { meta.rank = 1.0 }
+            }
         }
-        prop_assert!(EncoderCache::restore(&state).is_err());
+        prop_assert!(EncoderCache::restore_with(&state, &policy_state).is_err());
     }
 
     /// The encoder-decoder manager frees each held input once: its free
