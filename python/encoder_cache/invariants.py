@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, NoReturn
 
-__all__ = ["RULES", "InvariantError", "check_state", "parse_encoder_decoder_state", "parse_state"]
+__all__ = ["POLICY_RULES", "RULES", "InvariantError", "check_state", "parse_encoder_decoder_state", "parse_state"]
 
 
 class InvariantError(AssertionError):
@@ -30,8 +30,9 @@ FREEABLE_SLOTS = "freeable slots equal free slots plus freeable sizes"
 OCCURRENCES_MATCH = "every request's occurrence counts match its cached input ids"
 REFERRERS_COUNTED = "no request id referenced by an entry that the request no longer counts"
 COUNTED_REFERENCED = "every item a request counts is cached and referenced by it"
-#: In the order they are checked. Eviction *order* cannot be checked from a
-#: state alone; the differential tests compare it with the other implementation.
+TIERS_ORDERED = "freeable lists the entries no waiting request needs before those one needs"
+POLICY_ORDERED = "freeable follows the policy's order within each tier"
+#: The bookkeeping rules, in the order they are checked.
 RULES = (
     SLOTS_ACCOUNTED,
     FREEABLE_UNREFERENCED,
@@ -40,9 +41,18 @@ RULES = (
     REFERRERS_COUNTED,
     COUNTED_REFERENCED,
 )
+#: The eviction-policy and lookahead rules, checked after :data:`RULES`.
+#: Eviction *order* cannot be checked from a state alone beyond the policy's
+#: structure; the differential tests compare it with the other implementation.
+POLICY_RULES = (TIERS_ORDERED, POLICY_ORDERED)
+#: S3-FIFO's largest hit credit (encoder_cache.policies.S3FIFO_MAX_FREQ).
+_S3FIFO_MAX_CREDIT = 3
 
-_ENCODER_DECODER_KEYS = ("cache_size", "num_free_slots", "allocated", "to_free")
+_ENCODER_DECODER_KEYS = ("cache_size", "num_free_slots", "held", "allocated", "to_free")
 _CACHE_KEYS = ("cache_size", "num_free_slots", "num_freeable_slots", "entries", "freeable", "requests", "freed")
+#: Keys a snapshot may leave out (older snapshots), with their defaults.
+_OPTIONAL_CACHE_KEYS = {"policy": "vllm", "clock": 0.0, "waiting": {}}
+_OPTIONAL_ENTRY_KEYS = {"frequency": 1, "rank": 0.0}
 
 
 def check_state(state: dict[str, Any]) -> None:
@@ -106,6 +116,44 @@ def check_state(state: dict[str, Any]) -> None:
             if request not in entry["referrers"]:
                 _broken(COUNTED_REFERENCED, f"request '{request}' counts item '{item}' but is not among its referrers")
 
+    needed = {item for items in state["waiting"].values() for item in items}
+    tiers = [int(item in needed) for item, _ in state["freeable"]]
+    for (item, _), tier, before in zip(state["freeable"], tiers, [0, *tiers]):
+        if tier < before:
+            _broken(TIERS_ORDERED, f"item '{item}', which no waiting request needs, follows one that a request needs")
+
+    _check_policy_order(state, tiers)
+
+
+def _check_policy_order(state: dict[str, Any], tiers: list[int]) -> None:
+    """The built-in policies' structure; a custom policy's order is its own."""
+    policy, entries, clock = state["policy"], state["entries"], state["clock"]
+    for item in sorted(entries):
+        entry = entries[item]
+        if entry["frequency"] < 1:
+            _broken(POLICY_ORDERED, f"item '{item}' has frequency 0")
+        if entry["referrers"] and entry["rank"] != 0.0:
+            _broken(POLICY_ORDERED, f"referenced item '{item}' has rank {entry['rank']}")
+    previous: tuple[int, Any] | None = None
+    for (item, _), tier in zip(state["freeable"], tiers):
+        entry = entries[item]
+        rank, frequency = entry["rank"], entry["frequency"]
+        if policy == "vllm" and rank != 0.0:
+            _broken(POLICY_ORDERED, f"item '{item}' has rank {rank} under vllm")
+        if policy == "gdsf":
+            if tier == 0 and not rank >= clock:
+                _broken(POLICY_ORDERED, f"item '{item}' has priority {rank} below the clock {clock} in tier 0")
+            if previous is not None and previous[0] == tier and rank < previous[1]:
+                _broken(POLICY_ORDERED, f"item '{item}' has priority {rank}, below the one before it")
+            previous = (tier, rank)
+        if policy == "s3fifo":
+            main = frequency > 1
+            if not (0 <= rank <= (_S3FIFO_MAX_CREDIT if main else 0)) or rank != int(rank):
+                _broken(POLICY_ORDERED, f"item '{item}' has hit credit {rank} with frequency {frequency}")
+            if previous is not None and previous[0] == tier and previous[1] and not main:
+                _broken(POLICY_ORDERED, f"item '{item}' of the small queue follows the main queue")
+            previous = (tier, main)
+
 
 def _broken(rule: str, detail: str) -> NoReturn:
     raise InvariantError(f"{rule}: {detail}")
@@ -115,13 +163,18 @@ def parse_state(state: Any) -> dict[str, Any]:
     """A ``snapshot()`` dict (possibly through JSON) checked for shape and types,
     with pairs turned into dicts and referrers into sets: TypeError or ValueError
     on a malformed one. The Rust managers accept exactly the same dicts."""
-    state = _fields(state, _CACHE_KEYS, "state")
+    state = _fields(state, _CACHE_KEYS, "state", _OPTIONAL_CACHE_KEYS)
     entries = {}
     for item, entry in _items(state["entries"], "state['entries']"):
-        entry = _fields(entry, ("num_embeds", "referrers"), "an entry")
+        entry = _fields(entry, ("num_embeds", "referrers"), "an entry", _OPTIONAL_ENTRY_KEYS)
+        frequency = _count(entry["frequency"], "an entry's frequency")
+        if frequency >= 2**32:
+            raise ValueError("an entry's frequency must fit in 32 bits")
         entries[_str(item, "an item")] = {
             "num_embeds": _count(entry["num_embeds"], "an entry's num_embeds"),
             "referrers": {_str(r, "an entry's referrers") for r in _list(entry["referrers"], "an entry's referrers")},
+            "frequency": frequency,
+            "rank": _float(entry["rank"], "an entry's rank"),
         }
     freeable = []
     for pair in _list(state["freeable"], "state['freeable']"):
@@ -141,6 +194,13 @@ def parse_state(state: Any) -> dict[str, Any]:
         if any(n >= 2**32 for n in occurrences.values()):
             raise ValueError("an occurrence count must fit in 32 bits")
         requests[_str(request, "a request id")] = {"inputs": inputs, "occurrences": occurrences}
+    policy = _str(state["policy"], "state['policy']")
+    waiting = {}
+    for request, items in _items(state["waiting"], "state['waiting']"):
+        marked = [_str(item, "a waiting request's item") for item in _list(items, "a waiting request's items")]
+        if len(set(marked)) != len(marked):
+            raise ValueError("a waiting request's items must be distinct")
+        waiting[_str(request, "a waiting request id")] = marked
     return {
         "cache_size": _count(state["cache_size"], "state['cache_size']"),
         "num_free_slots": _count(state["num_free_slots"], "state['num_free_slots']"),
@@ -149,34 +209,61 @@ def parse_state(state: Any) -> dict[str, Any]:
         "freeable": freeable,
         "requests": requests,
         "freed": [_str(s, "state['freed']") for s in _list(state["freed"], "state['freed']")],
+        "policy": policy,
+        "clock": _float(state["clock"], "state['clock']"),
+        "waiting": waiting,
     }
 
 
 def parse_encoder_decoder_state(state: Any) -> dict[str, Any]:
-    """An ``EncoderDecoderCacheManager.snapshot()`` dict checked for shape and types."""
+    """An ``EncoderDecoderCacheManager.snapshot()`` dict checked for shape and
+    types, with each request's held inputs as a dict: TypeError or ValueError
+    on a malformed one."""
     state = _fields(state, _ENCODER_DECODER_KEYS, "state")
-    free = state["num_free_slots"]
-    if isinstance(free, bool) or not isinstance(free, int):
-        raise TypeError("state['num_free_slots'] must be int")
-    if not -(2**127) <= free < 2**127:
-        raise ValueError("state['num_free_slots'] is out of range")
+    held = {}
+    for request, inputs in _items(state["held"], "state['held']"):
+        sizes = {}
+        for pair in _list(inputs, "a request's held inputs"):
+            input_id, size = _two(pair, "an [input_id, num_embeds] pair")
+            sizes[_count(input_id, "an input id")] = _count(size, "a held size")
+        held[_str(request, "a request id")] = sizes
     return {
         "cache_size": _count(state["cache_size"], "state['cache_size']"),
-        "num_free_slots": free,
+        "num_free_slots": _count(state["num_free_slots"], "state['num_free_slots']"),
+        "held": held,
         "allocated": [_str(s, "state['allocated']") for s in _list(state["allocated"], "state['allocated']")],
         "to_free": [_str(s, "state['to_free']") for s in _list(state["to_free"], "state['to_free']")],
     }
 
 
-def _fields(obj: Any, keys: tuple[str, ...], what: str) -> dict[str, Any]:
+def check_encoder_decoder_state(state: dict[str, Any]) -> None:
+    """The encoder-decoder rule: free slots and held sizes add up to cache_size."""
+    held = sum(n for sizes in state["held"].values() for n in sizes.values())
+    if held + state["num_free_slots"] != state["cache_size"]:
+        _broken(SLOTS_ACCOUNTED, f"{state['num_free_slots']} free + {held} held != cache_size {state['cache_size']}")
+
+
+def _fields(obj: Any, keys: tuple[str, ...], what: str, optional: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``obj`` with every key of ``keys``, and those of ``optional`` (default
+    filled in), and no other."""
     if not isinstance(obj, dict):
         raise TypeError(f"{what} must be a dict")
     for key in keys:
         if key not in obj:
             raise ValueError(f"{what} has no {key!r} key")
-    if len(obj) != len(keys):
-        raise ValueError(f"{what} must have exactly the keys {list(keys)}")
-    return obj
+    optional = optional or {}
+    if len(obj) - sum(key in obj for key in optional) != len(keys):
+        raise ValueError(f"{what} must have exactly the keys {list(keys)}, and optionally {list(optional)}")
+    return {**optional, **obj}
+
+
+def _float(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be float, not {type(value).__name__}")
+    value = float(value)
+    if not 0.0 <= value < float("inf"):
+        raise ValueError(f"{what} must be finite and >= 0, got {value}")
+    return value
 
 
 def _items(obj: Any, what: str) -> list[tuple[Any, Any]]:

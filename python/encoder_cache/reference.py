@@ -24,10 +24,12 @@ from encoder_cache.invariants import (
     InvariantError,
     _count,
     _str,
+    check_encoder_decoder_state,
     check_state,
     parse_encoder_decoder_state,
     parse_state,
 )
+from encoder_cache.policies import POLICIES, EvictionPolicy, make_policy
 
 #: Called when an item's embedding count disagrees with the cache or with an
 #: earlier item of the same step: ``(request, input_id, identifier, cached, requested)``.
@@ -35,11 +37,36 @@ MismatchCallback = Callable[[Any, int, str, int, int], Any]
 StepResult = tuple[list[int], int, int, list[int], list[int]]
 
 __all__ = [
+    "EVICTED_MEMORY",
+    "POLICIES",
+    "STAT_COUNTERS",
     "AnyScanEncoderCacheManager",
     "EncoderCacheManager",
     "EncoderDecoderCacheManager",
     "PreFixEncoderCacheManager",
 ]
+
+
+#: How many evicted identifiers a manager remembers to recognise re-encodes
+#: (the most recent evictions; an identifier leaves when it is allocated again).
+EVICTED_MEMORY = 1 << 16
+
+#: The counters ``stats()`` reports, overall and per modality.
+STAT_COUNTERS = (
+    "hits",
+    "misses",
+    "hit_embeds",
+    "miss_embeds",
+    "evictions",
+    "evicted_embeds",
+    "reencodes",
+    "reencode_embeds",
+)
+
+
+def _modality(request: Any, input_id: int) -> str:
+    modality = getattr(request.mm_features[input_id], "modality", None)
+    return modality if isinstance(modality, str) else "unknown"
 
 
 def _index(input_id: Any) -> int:
@@ -66,7 +93,14 @@ def _num_embeds(request: Any, input_id: int) -> int:
 
 class EncoderCacheManager:
     """vLLM 0.33's encoder-cache bookkeeping in plain Python (all state is live;
-    ``request_cached_ids`` is derived from ``request_inputs`` on each access)."""
+    ``request_cached_ids`` is derived from ``request_inputs`` on each access).
+
+    ``policy`` chooses the victims among unreferenced entries: a name from
+    :data:`POLICIES` (``"vllm"``, the default, is vLLM 0.33's rule) or an
+    :class:`~encoder_cache.policies.EvictionPolicy` object. ``mark_waiting`` /
+    ``unmark_waiting`` add lookahead, ``stats()`` counts hits, misses,
+    evictions and re-encodes, and assigning ``cache_size`` resizes the cache.
+    """
 
     is_encoder_decoder = False
 
@@ -74,18 +108,60 @@ class EncoderCacheManager:
     def create_manager(cls, *, cache_size: int, vllm_config: Any = None) -> EncoderCacheManager:
         return cls(cache_size)
 
-    def __init__(self, cache_size: int) -> None:
-        self.cache_size = _count(cache_size, "cache_size")
-        self.num_free_slots = self.cache_size
-        self.num_freeable_slots = self.cache_size
+    def __init__(self, cache_size: int, *, policy: str | EvictionPolicy = "vllm") -> None:
+        self._cache_size = _count(cache_size, "cache_size")
+        self._policy = make_policy(policy)
+        self._policy.reset()
+        self.num_free_slots = self._cache_size
+        self.num_freeable_slots = self._cache_size
         self.cached: dict[str, set[str]] = {}
         self.num_embeds_by_hash: dict[str, int] = {}
         # request id -> input id -> the item it held when cached (frees use this,
         # not the request's current mm_features, which a caller may have changed).
         self.request_inputs: dict[str, dict[int, str]] = {}
         self.request_hash_refs: dict[str, dict[str, int]] = {}
-        self.freeable: OrderedDict[str, int] = OrderedDict()
+        #: Unreferenced entries -> size, in release order (the policy orders evictions).
+        self.freeable: dict[str, int] = {}
         self.freed: list[str] = []
+        #: Lookahead: waiting request id -> its distinct identifiers, and how
+        #: many waiting requests need each identifier.
+        self.waiting: dict[str, list[str]] = {}
+        self.waiting_count: dict[str, int] = {}
+        self._tier: dict[str, int] = {}  # evictable entry -> its tier
+        self._tier_len = [0, 0]
+        self.modality: dict[str, str] = {}  # cached entry -> modality at allocation
+        self._evicted: OrderedDict[str, None] = OrderedDict()
+        self.reset_stats()
+
+    @property
+    def cache_size(self) -> int:
+        """The capacity in embeddings. Assigning resizes: growing adds free
+        slots; shrinking evicts unreferenced entries under the policy, or
+        raises ValueError and changes nothing when referenced entries exceed it."""
+        return self._cache_size
+
+    @cache_size.setter
+    def cache_size(self, cache_size: int) -> None:
+        self.resize(cache_size)
+
+    @property
+    def policy(self) -> str:
+        """The eviction policy's name."""
+        return self._policy.name
+
+    def resize(self, cache_size: int) -> None:
+        cache_size = _count(cache_size, "cache_size")
+        referenced = self._cache_size - self.num_freeable_slots
+        if referenced > cache_size:
+            raise ValueError(
+                f"cannot resize the cache to {cache_size} embeddings: referenced entries hold {referenced}"
+            )
+        while self._cache_size - self.num_free_slots > cache_size:
+            self._evict_one()
+        used = self._cache_size - self.num_free_slots
+        self.num_free_slots = cache_size - used
+        self.num_freeable_slots = self.num_free_slots + (self.num_freeable_slots - (self._cache_size - used))
+        self._cache_size = cache_size
 
     def reset(self) -> None:
         self.cached.clear()
@@ -94,8 +170,77 @@ class EncoderCacheManager:
         self.request_hash_refs.clear()
         self.freeable.clear()
         self.freed.clear()
-        self.num_free_slots = self.cache_size
-        self.num_freeable_slots = self.cache_size
+        self.waiting.clear()
+        self.waiting_count.clear()
+        self._tier.clear()
+        self._tier_len = [0, 0]
+        self.modality.clear()
+        self._evicted.clear()
+        self._policy.reset()
+        self.num_free_slots = self._cache_size
+        self.num_freeable_slots = self._cache_size
+
+    # Lookahead.
+
+    def mark_waiting(self, request: Any) -> None:
+        """Record that waiting ``request`` will need its items: until
+        ``unmark_waiting``, they are evicted only after every evictable entry
+        no waiting request needs. ValueError if it is marked already."""
+        request_id = _request_id(request)
+        identifiers = list(dict.fromkeys(_str(f.identifier, "mm_features[i].identifier") for f in request.mm_features))
+        if request_id in self.waiting:
+            raise ValueError(f"request '{request_id}' is already marked waiting")
+        self.waiting[request_id] = identifiers
+        for identifier in identifiers:
+            count = self.waiting_count.get(identifier, 0)
+            self.waiting_count[identifier] = count + 1
+            if not count and self._tier.get(identifier) == 0:
+                self._move(identifier, 1)
+
+    def unmark_waiting(self, request: Any) -> None:
+        """Drop ``request``'s lookahead mark; ValueError if it has none."""
+        request_id = _request_id(request)
+        identifiers = self.waiting.pop(request_id, None)
+        if identifiers is None:
+            raise ValueError(f"request '{request_id}' is not marked waiting")
+        for identifier in identifiers:
+            count = self.waiting_count.pop(identifier) - 1
+            if count:
+                self.waiting_count[identifier] = count
+            elif self._tier.get(identifier) == 1:
+                self._move(identifier, 0)
+
+    def _move(self, identifier: str, tier: int) -> None:
+        self._policy.retained(identifier)
+        self._tier_len[1 - tier] -= 1
+        self._tier_len[tier] += 1
+        self._tier[identifier] = tier
+        self._policy.released(identifier, tier)
+
+    # Metrics.
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since construction or ``reset_stats()``, plus the cache's
+        current fill: ``entries``, ``used_embeds``, ``freeable_embeds``."""
+        stats: dict[str, Any] = dict(self._stats)
+        stats["entries"] = len(self.cached)
+        stats["used_embeds"] = self._cache_size - self.num_free_slots
+        stats["freeable_embeds"] = self.num_freeable_slots - self.num_free_slots
+        stats["by_modality"] = {m: dict(c) for m, c in sorted(self._by_modality.items())}
+        return stats
+
+    def reset_stats(self) -> None:
+        """Zero the counters (the cache's contents stay)."""
+        self._stats = dict.fromkeys(STAT_COUNTERS, 0)
+        self._by_modality: dict[str, dict[str, int]] = {}
+
+    def _count(self, modality: str, event: str, embeds_event: str, embeds: int) -> None:
+        by = self._by_modality.get(modality)
+        if by is None:
+            by = self._by_modality[modality] = dict.fromkeys(STAT_COUNTERS, 0)
+        for counters in (self._stats, by):
+            counters[event] += 1
+            counters[embeds_event] += embeds
 
     def check_and_update_cache(self, request: Any, input_id: int) -> bool:
         input_id = _index(input_id)
@@ -103,12 +248,19 @@ class EncoderCacheManager:
         request_id = _request_id(request)
         # A held input changes nothing here under the fix (its request already
         # refers to the entry); the pre-fix variant relies on re-referencing it.
-        self._holds(request_id, input_id, mm_hash)
+        held = self._holds(request_id, input_id, mm_hash)
         referrers = self.cached.get(mm_hash)
         if referrers is None:
             return False
+        if not held:
+            # One hit per (request, input) acquisition; a re-check counts nothing.
+            self._count(self.modality[mm_hash], "hits", "hit_embeds", self.num_embeds_by_hash[mm_hash])
         if not referrers:
             self.num_freeable_slots -= self.freeable.pop(mm_hash)
+            self._tier_len[self._tier.pop(mm_hash)] -= 1
+            self._policy.retained(mm_hash)
+        if not held:
+            self._policy.accessed(mm_hash)
         referrers.add(request_id)
         self._hold(request_id, input_id, mm_hash)
         return True
@@ -128,12 +280,27 @@ class EncoderCacheManager:
         if num_embeds > self.num_freeable_slots:
             return False
         while num_embeds > self.num_free_slots:
-            mm_hash, size = self.freeable.popitem(last=False)
-            del self.cached[mm_hash]
-            del self.num_embeds_by_hash[mm_hash]
-            self.freed.append(mm_hash)
-            self.num_free_slots += size
+            self._evict_one()
         return True
+
+    def _evict_one(self) -> None:
+        """Evict the policy's victim: from tier 0 while it has entries, then tier 1."""
+        tier = 0 if self._tier_len[0] else 1
+        mm_hash = self._policy.victim(tier)
+        if self._tier.get(mm_hash) != tier:
+            raise RuntimeError(f"the policy chose {mm_hash!r}, which is not an evictable entry of tier {tier}")
+        self._policy.evicted(mm_hash)
+        del self._tier[mm_hash]
+        self._tier_len[tier] -= 1
+        size = self.freeable.pop(mm_hash)
+        del self.cached[mm_hash]
+        del self.num_embeds_by_hash[mm_hash]
+        self._count(self.modality.pop(mm_hash), "evictions", "evicted_embeds", size)
+        self._evicted[mm_hash] = None
+        if len(self._evicted) > EVICTED_MEMORY:
+            self._evicted.popitem(last=False)
+        self.freed.append(mm_hash)
+        self.num_free_slots += size
 
     def allocate(self, request: Any, input_id: int) -> None:
         input_id = _index(input_id)
@@ -156,11 +323,17 @@ class EncoderCacheManager:
                 f"{self.num_freeable_slots} reclaimable; call can_allocate first so it can evict"
             )
         self._holds(request_id, input_id, mm_hash)
+        modality = _modality(request, input_id)
         self.cached[mm_hash] = {request_id}
         self.num_embeds_by_hash[mm_hash] = num_embeds
+        self.modality[mm_hash] = modality
         self._hold(request_id, input_id, mm_hash)
         self.num_free_slots -= num_embeds
         self.num_freeable_slots -= num_embeds
+        self._policy.admitted(mm_hash, num_embeds)
+        self._count(modality, "misses", "miss_embeds", num_embeds)
+        if self._evicted.pop(mm_hash, 0) is None:
+            self._count(modality, "reencodes", "reencode_embeds", num_embeds)
 
     @property
     def request_cached_ids(self) -> dict[str, set[int]]:
@@ -224,6 +397,10 @@ class EncoderCacheManager:
             size = self.num_embeds_by_hash[mm_hash]
             self.freeable[mm_hash] = size
             self.num_freeable_slots += size
+            tier = 1 if mm_hash in self.waiting_count else 0
+            self._tier[mm_hash] = tier
+            self._tier_len[tier] += 1
+            self._policy.released(mm_hash, tier)
 
     def free(self, request: Any) -> None:
         # Ascending input order, as the Rust manager walks them.
@@ -245,17 +422,35 @@ class EncoderCacheManager:
         check_state(parse_state(self.snapshot()))
 
     def snapshot(self) -> dict[str, Any]:
-        """The whole state as a plain dict, in the Rust managers' shape."""
+        """The whole state as a plain dict, in the Rust managers' shape.
+
+        ``freeable`` lists the unreferenced entries in the policy's order, the
+        ones no waiting request needs first. The policy's part of the state is
+        listed only where it differs from a fresh ``"vllm"`` manager's, so a
+        vLLM-rule snapshot keeps vLLM's shape: ``"policy"``, ``"clock"`` (GDSF)
+        and ``"waiting"`` (lookahead marks: request id -> its distinct
+        identifiers) at the top; per entry ``"frequency"`` (acquisitions since
+        allocation, when not 1 and the policy reads it) and ``"rank"`` (GDSF
+        priority or S3-FIFO hit credit, when not 0). Counters (``stats()``) and
+        entries' modalities are metrics, not state: a restored manager counts
+        later events on its earlier entries under ``"unknown"``."""
+        policy = self._policy
+        frequencies = policy.name != "vllm"
         requests = sorted(self.request_inputs.keys() | self.request_hash_refs.keys())
-        return {
+        entries = {}
+        for item, referrers in sorted(self.cached.items()):
+            entry: dict[str, Any] = {"num_embeds": self.num_embeds_by_hash[item], "referrers": sorted(referrers)}
+            if frequencies and policy.frequency[item] != 1:
+                entry["frequency"] = policy.frequency[item]
+            if policy.rank(item) != 0.0:
+                entry["rank"] = policy.rank(item)
+            entries[item] = entry
+        state: dict[str, Any] = {
             "cache_size": self.cache_size,
             "num_free_slots": self.num_free_slots,
             "num_freeable_slots": self.num_freeable_slots,
-            "entries": {
-                item: {"num_embeds": self.num_embeds_by_hash[item], "referrers": sorted(referrers)}
-                for item, referrers in sorted(self.cached.items())
-            },
-            "freeable": [[item, size] for item, size in self.freeable.items()],
+            "entries": entries,
+            "freeable": [[item, self.freeable[item]] for tier in (0, 1) for item in policy.order(tier)],
             "requests": {
                 request_id: {
                     "inputs": [[i, item] for i, item in sorted(self.request_inputs.get(request_id, {}).items())],
@@ -265,22 +460,44 @@ class EncoderCacheManager:
             },
             "freed": list(self.freed),
         }
+        if policy.name != "vllm":
+            state["policy"] = policy.name
+        if policy.clock != 0.0:
+            state["clock"] = policy.clock
+        if self.waiting:
+            state["waiting"] = {request_id: list(items) for request_id, items in sorted(self.waiting.items())}
+        return state
 
     @classmethod
     def restore(cls, state: Any) -> EncoderCacheManager:
-        """A manager in the state ``snapshot()`` gave; ValueError if it breaks an invariant."""
+        """A manager in the state ``snapshot()`` gave; ValueError if it breaks an invariant.
+        Snapshots without the policy keys restore under ``"vllm"``."""
         state = parse_state(state)
         try:
             check_state(state)
         except InvariantError as err:
             raise ValueError(f"inconsistent state: {err}") from None
-        manager = cls(state["cache_size"])
+        manager = cls(state["cache_size"], policy=state["policy"])
+        policy = manager._policy
         manager.num_free_slots = state["num_free_slots"]
         manager.num_freeable_slots = state["num_freeable_slots"]
         for item, entry in state["entries"].items():
             manager.cached[item] = set(entry["referrers"])
             manager.num_embeds_by_hash[item] = entry["num_embeds"]
-        manager.freeable.update(state["freeable"])
+            manager.modality[item] = "unknown"
+            policy.admitted(item, entry["num_embeds"])
+            policy.frequency[item] = entry["frequency"]
+        for request_id, items in state["waiting"].items():
+            manager.waiting[request_id] = list(items)
+            for item in items:
+                manager.waiting_count[item] = manager.waiting_count.get(item, 0) + 1
+        for item, size in state["freeable"]:
+            tier = 1 if item in manager.waiting_count else 0
+            manager.freeable[item] = size
+            manager._tier[item] = tier
+            manager._tier_len[tier] += 1
+            policy.restore_released(item, tier, state["entries"][item]["rank"])
+        policy.clock = state["clock"]
         for request_id, held in state["requests"].items():
             manager.request_inputs[request_id] = dict(held["inputs"])
             manager.request_hash_refs[request_id] = dict(held["occurrences"])
@@ -445,18 +662,45 @@ class AnyScanEncoderCacheManager(EncoderCacheManager):
 
 
 class EncoderDecoderCacheManager(EncoderCacheManager):
-    """vLLM 0.33's scheduling-only manager for encoder-decoder models."""
+    """vLLM 0.33's scheduling-only manager for encoder-decoder models, with
+    each held input freed once (vLLM adds its size back on every free)."""
 
     is_encoder_decoder = True
 
     def __init__(self, cache_size: int) -> None:
-        self.cache_size = _count(cache_size, "cache_size")
-        self.num_free_slots = self.cache_size
+        self._cache_size = _count(cache_size, "cache_size")
+        self.num_free_slots = self._cache_size
+        #: request id -> input id -> embeddings, for inputs allocated and not freed yet.
+        self.held: dict[str, dict[int, int]] = {}
         self.allocated: list[str] = []
         self.to_free: list[str] = []
 
+    @property
+    def cache_size(self) -> int:
+        """The capacity in embeddings. Assigning resizes: ValueError, changing
+        nothing, below what the held inputs take."""
+        return self._cache_size
+
+    @cache_size.setter
+    def cache_size(self, value: int) -> None:
+        value = _count(value, "cache_size")
+        used = self._cache_size - self.num_free_slots
+        if value < used:
+            raise ValueError(
+                f"cannot resize the cache to {value} embeddings: entries in use take {used}; "
+                f"free requests first or choose a size of at least {used}"
+            )
+        self.num_free_slots = value - used
+        self._cache_size = value
+
+    @property
+    def policy(self) -> str:
+        """Always ``"vllm"``: nothing is shared, so nothing is evicted."""
+        return "vllm"
+
     def reset(self) -> None:
-        self.num_free_slots = self.cache_size
+        self.num_free_slots = self._cache_size
+        self.held.clear()
         self.allocated.clear()
         self.to_free.clear()
 
@@ -478,31 +722,53 @@ class EncoderDecoderCacheManager(EncoderCacheManager):
         input_id = _index(input_id)
         num_embeds = _num_embeds(request, input_id)
         mm_hash = _identifier(request, input_id)
+        request_id = _request_id(request)
+        self._allocate(request_id, input_id, mm_hash, num_embeds)
+
+    def _allocate(self, request_id: str, input_id: int, mm_hash: str, num_embeds: int) -> None:
+        if num_embeds > self.num_free_slots:
+            raise ValueError(
+                f"cannot allocate {num_embeds} embeddings for item {mm_hash!r}: {self.num_free_slots} slots free, "
+                f"{self.num_free_slots} reclaimable; call can_allocate first so it can evict"
+            )
+        if input_id in self.held.get(request_id, {}):
+            raise ValueError(
+                f"request '{request_id}' already holds input {input_id}; free it before allocating it again"
+            )
+        self.held.setdefault(request_id, {})[input_id] = num_embeds
         self.num_free_slots -= num_embeds
         self.allocated.append(mm_hash)
 
     def get_cached_input_ids(self, request: Any) -> set[int]:
-        return set(range(len(request.mm_features)))
+        return set(self.held.get(_request_id(request), ()))
 
     def free_encoder_input(self, request: Any, input_id: int) -> None:
-        self.num_free_slots += _num_embeds(request, _index(input_id))
+        input_id = _index(input_id)
+        request_id = _request_id(request)
+        inputs = self.held.get(request_id, {})
+        if input_id not in inputs:
+            _identifier(request, input_id)  # an input the request does not have is still an error
+            return
+        self.num_free_slots += inputs.pop(input_id)
+        if not inputs:
+            del self.held[request_id]
 
     def free(self, request: Any) -> None:
-        sizes = [_num_embeds(request, i) for i in range(len(request.mm_features))]
-        self.num_free_slots += sum(sizes)
+        inputs = self.held.pop(_request_id(request), {})
+        self.num_free_slots += sum(inputs.values())
 
     def get_freed_mm_hashes(self) -> list[str]:
         to_free, self.to_free, self.allocated = self.to_free, self.allocated, []
         return to_free
 
     def check_invariants(self) -> None:
-        """Never raises: this bookkeeping has no rule beyond its types (frees are
-        not matched against allocations, so num_free_slots may leave [0, cache_size])."""
+        check_encoder_decoder_state(parse_encoder_decoder_state(self.snapshot()))
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            "cache_size": self.cache_size,
+            "cache_size": self._cache_size,
             "num_free_slots": self.num_free_slots,
+            "held": {request: [[i, n] for i, n in sorted(inputs.items())] for request, inputs in self.held.items()},
             "allocated": list(self.allocated),
             "to_free": list(self.to_free),
         }
@@ -510,8 +776,10 @@ class EncoderDecoderCacheManager(EncoderCacheManager):
     @classmethod
     def restore(cls, state: Any) -> EncoderDecoderCacheManager:
         state = parse_encoder_decoder_state(state)
+        check_encoder_decoder_state(state)
         manager = cls(state["cache_size"])
         manager.num_free_slots = state["num_free_slots"]
+        manager.held = {request: inputs for request, inputs in state["held"].items() if inputs}
         manager.allocated = state["allocated"]
         manager.to_free = state["to_free"]
         return manager
