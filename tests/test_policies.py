@@ -148,7 +148,7 @@ def test_resize_grows_shrinks_under_the_policy_and_refuses_what_does_not_fit(mak
     m.cache_size = 50
     assert (m.cache_size, m.num_free_slots, m.num_freeable_slots) == (50, 30, 40)
     before = m.snapshot()
-    with pytest.raises(ValueError, match="referenced entries hold 10"):
+    with pytest.raises(ValueError, match="entries in use take 10"):
         m.cache_size = 9
     assert m.snapshot() == before, "a refused resize changes nothing"
     m.cache_size = 15
