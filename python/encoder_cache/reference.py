@@ -154,7 +154,8 @@ class EncoderCacheManager:
         referenced = self._cache_size - self.num_freeable_slots
         if referenced > cache_size:
             raise ValueError(
-                f"cannot resize the cache to {cache_size} embeddings: referenced entries hold {referenced}"
+                f"cannot resize the cache to {cache_size} embeddings: entries in use take {referenced}; "
+                f"free requests first or choose a size of at least {referenced}"
             )
         while self._cache_size - self.num_free_slots > cache_size:
             self._evict_one()
