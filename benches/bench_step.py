@@ -59,3 +59,55 @@ def test_step_all_cached(benchmark: Any, step: str, num_items: int, impl: str) -
     else:
         assert benchmark(schedule_and_free, manager, request, window) == (hits_only, [])
     assert manager.request_cached_ids == {"r": set(range(num_items))}
+
+
+def test_vllm_loops_agree_with_the_step_api() -> None:
+    """The step-level baseline is faithful: vLLM's per-item loops over vLLM's
+    module and our Rust step-level calls make the same choices and leave the
+    same cache, step by step, through chunked prefill, hits and evictions."""
+    import random
+
+    import vllm_baseline
+    from workloads import vllm_step_manager
+
+    import encoder_cache
+
+    rng = random.Random(5)
+    pool = [(f"img{n}", rng.choice((8, 16, 24))) for n in range(12)]
+    managers = {"vllm": vllm_step_manager(96), "rust": encoder_cache.EncoderCacheManager(96)}
+    assert isinstance(managers["vllm"], vllm_baseline.SchedulerLoops)
+    steps = evicted = 0
+    for n in range(60):
+        features, offset = [], rng.randint(0, 5)
+        for identifier, size in rng.sample(pool, rng.randint(1, 4)):
+            features.append(MultiModalFeature(identifier, PlaceholderRange(offset, size)))
+            offset += size + rng.randint(0, 6)
+        request = Request(f"r{n}", features)
+        computed = 0
+        while computed < offset:
+            window = min(rng.randint(4, 40), offset - computed)
+            results = {
+                name: m.try_schedule_encoder_inputs(request, computed, window, 48) for name, m in managers.items()
+            }
+            assert results["vllm"] == results["rust"], (n, computed)
+            to_encode, num_new, _, _, repeated = results["rust"]
+            freed = {}
+            for name, manager in managers.items():
+                manager.allocate_encoder_inputs(request, to_encode, repeated)
+                freed[name] = sorted(manager.free_encoder_inputs_before(request, computed + num_new))
+            assert freed["vllm"] == freed["rust"]
+            state = {
+                name: (m.num_free_slots, m.num_freeable_slots, list(m.freeable.items())) for name, m in managers.items()
+            }
+            assert state["vllm"] == state["rust"], (n, computed)
+            steps += 1
+            if not num_new:
+                break  # the cache cannot take the next item now
+            computed += num_new
+        hashes = {}
+        for name, manager in managers.items():
+            manager.free(request)
+            hashes[name] = manager.get_freed_mm_hashes()
+        assert hashes["vllm"] == hashes["rust"]
+        evicted += len(hashes["rust"])
+    assert steps > 100 and evicted > 0
