@@ -278,3 +278,12 @@ def test_shared_prefix_stops_at_the_first_different_item():
     assert shared_prefix(previous, moved) == 119
     shorter = RequestSpec("n", 0, "s", 1, 50, 5, ())
     assert shared_prefix(previous, shorter) == 9
+
+
+@pytest.mark.parametrize("kind", sorted(SMALL))
+def test_decode_stretches_taken_at_once_change_nothing(kind):
+    """Unchecked runs take decode-only stretches in one go; checked runs step by step."""
+    workload = generate(replace(SMALL[kind], output_tokens=(64, 256)))
+    for variant in (Variant(), Variant("vllm", True, "python")):
+        fast = simulate(workload, LIMITS, variant).counters
+        assert fast == simulate(workload, LIMITS, variant, check=True).counters

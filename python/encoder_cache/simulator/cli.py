@@ -45,6 +45,8 @@ PROG = "encoder_cache simulate"
 #: The sizes a sweep tries when none are given: vLLM's defaults (2,048 on
 #: smaller GPUs, 8,192 for `vllm serve` on H100-class ones) and 4x, 16x more.
 DEFAULT_SIZES = (2048, 8192, 32768, 131072)
+#: How many more sizes (each 4x the last) the default sweep tries to get within 5% of unbounded.
+MAX_EXTRA_SIZES = 3
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 PLOT_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "webp")
 DEFAULT_STEP_SECONDS = 0.05
@@ -204,9 +206,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_sizes,
         metavar="SIZES",
         help="encoder-cache sizes to sweep, in embeddings: A,B,C or MIN:MAX[:FACTOR] (doubling by default); "
-        "every policy runs at each (default: a short sweep, "
+        "every policy runs at each (default: a short sweep for vllm and the best policy, "
         + ",".join(str(s) for s in DEFAULT_SIZES)
-        + ", for vllm and the best policy)",
+        + ", then 4x larger while no size is within 5%% of an unbounded cache, up to "
+        + str(MAX_EXTRA_SIZES)
+        + " more)",
     )
     run.add_argument("--no-sweep", action="store_true", help="only the default capacity: no sweep, no recommendation")
     run.add_argument(
@@ -570,6 +574,27 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                     dict.fromkeys(r.variant for r in (report.baseline(report.headline), best) if r is not None)
                 )
                 report.sweep = runner.run([(v, s) for s in sizes for v in chosen])
+                # Not within reach yet: go on by 4x while a larger cache could still hold more.
+                largest = DEFAULT_SIZES[-1]
+                needed = report.unbounded.counters.distinct_embeds
+                for _ in range(MAX_EXTRA_SIZES):
+                    rec = report.recommendation()
+                    if rec is None or rec["found"] or largest >= needed:
+                        break
+                    largest *= 4
+                    if bar is not None:
+                        bar.total += len(chosen) * workload.num_requests
+                    report.sweep += runner.run([(v, largest) for v in chosen])
+                # One finer size between the last one too small and the first one within reach.
+                rec = report.recommendation()
+                known = report.sizes()
+                if rec is not None and rec["found"] and known.index(rec["size"]) > 0:
+                    below = known[known.index(rec["size"]) - 1]
+                    middle = round((below * rec["size"]) ** 0.5 / 1024) * 1024
+                    if below < middle < rec["size"]:
+                        if bar is not None:
+                            bar.total += len(chosen) * workload.num_requests
+                        report.sweep += runner.run([(v, middle) for v in chosen])
     except ValueError as exc:
         raise UsageError(_flagged(str(exc))) from None
     finally:

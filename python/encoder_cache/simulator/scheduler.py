@@ -240,7 +240,9 @@ class _Live:
         "num_tokens",
         "origins",
         "request",
+        "restarted",
         "served",
+        "shareable",
         "spec",
         "starts",
     )
@@ -262,6 +264,11 @@ class _Live:
         self.blocks: list[int] = []
         self.num_hashed = 0
         self.finished: int | None = None  # the step it finished at
+        #: Only a session's later turns can share this request's blocks; a
+        #: request alone in its session can only find its own blocks again,
+        #: after a preemption, so it keys them only then.
+        self.shareable = spec.session is not None
+        self.restarted = False
 
 
 def shared_prefix(previous: RequestSpec, spec: RequestSpec) -> int:
@@ -420,6 +427,11 @@ class _Run:
                     break
                 self.clock = max(when, self.clock + 1)  # idle: jump to the next arrival
                 continue
+            if not self.waiting and not self.check:
+                steps = self._decode_only_steps()
+                if steps:
+                    self._fast_forward(steps)
+                    continue
             if self.waiting:
                 self.counters.waiting_steps += 1
             scheduled = self._schedule()
@@ -438,6 +450,49 @@ class _Run:
         if self.check:
             self._check_released()
         if self.progress is not None:
+            self.progress(self.counters.requests)
+
+    # Decode-only stretches: every running request decodes one token a step,
+    # nothing arrives, finishes or needs the encoder, so k steps are taken at
+    # once with the same outcome as taking them one by one (check=True takes
+    # them one by one, and the tests compare the two).
+
+    def _decode_only_steps(self) -> int:
+        running = self.running
+        if len(running) > self.limits.max_num_batched_tokens:
+            return 0
+        steps = None
+        for live in running:
+            if live.num_tokens - live.request.num_computed_tokens != 1:
+                return 0
+            left = live.spec.output_tokens - live.num_output - 1  # the finishing step runs normally
+            if steps is None or left < steps:
+                steps = left
+        when = self._next_event()
+        if steps is None or (when is not None and when - self.clock < steps):
+            steps = 0 if steps is None else when - self.clock  # type: ignore[operator]
+        if steps < 2:
+            return 0
+        need = sum(_blocks_for(live.request.num_computed_tokens + steps) - len(live.blocks) for live in running)
+        return steps if need <= self.pool.num_free else 0
+
+    def _fast_forward(self, steps: int) -> None:
+        pool = self.pool
+        for live in self.running:
+            request = live.request
+            computed = request.num_computed_tokens + steps
+            need = _blocks_for(computed) - len(live.blocks)
+            if need > 0:
+                live.blocks += pool.allocate(need)
+            request.num_computed_tokens = computed
+            live.num_output += steps
+            live.num_tokens += steps
+            if live.shareable:
+                self._key_full_blocks(live)
+        self.clock += steps
+        before = self.counters.steps
+        self.counters.steps += steps
+        if self.progress is not None and before // 64 != self.counters.steps // 64:
             self.progress(self.counters.requests)
 
     def _try_schedule(
@@ -496,7 +551,10 @@ class _Run:
                 live = self.waiting[0]
                 request = live.request
                 # The cached prefix: full blocks, never the last token (it must be computed).
-                cached = pool.longest_prefix(live.hasher.upto((live.num_tokens - 1) // BLOCK_SIZE))
+                if live.shareable or live.restarted:
+                    cached = pool.longest_prefix(live.hasher.upto((live.num_tokens - 1) // BLOCK_SIZE))
+                else:
+                    cached = []
                 computed = len(cached) * BLOCK_SIZE
                 num_new = min(live.num_tokens - computed, token_budget)
                 num_new, to_encode, budget_after, repeated = self._try_schedule(live, computed, num_new, encoder_budget)
@@ -589,10 +647,23 @@ class _Run:
         if self.check:
             self._check_window(live, first, last, to_encode)
 
+    def _key_full_blocks(self, live: _Live) -> None:
+        """Key the request's newly full computed blocks in the prefix cache."""
+        pool = self.pool
+        full = live.request.num_computed_tokens // BLOCK_SIZE
+        if pool.caching and full > live.num_hashed:
+            hashes = live.hasher.upto(full)
+            for b in range(live.num_hashed, full):
+                pool.cache(live.blocks[b], hashes[b])
+            live.num_hashed = full
+
     def _preempt(self, live: _Live) -> None:
         start = perf_counter()
         self.manager.free(live.request)
         self.bookkeeping += perf_counter() - start
+        if not live.shareable:
+            self._key_full_blocks(live)
+            live.restarted = True
         self.pool.release(live.blocks)
         live.blocks = []
         live.num_hashed = 0
@@ -608,17 +679,12 @@ class _Run:
 
     def _update(self, scheduled: list[tuple[_Live, int]]) -> None:
         finished = False
-        pool = self.pool
         for live, num_new in scheduled:
             request = live.request
             request.num_computed_tokens += num_new
             computed = request.num_computed_tokens
-            full = computed // BLOCK_SIZE
-            if pool.caching and full > live.num_hashed:
-                hashes = live.hasher.upto(full)
-                for b in range(live.num_hashed, full):
-                    pool.cache(live.blocks[b], hashes[b])
-                live.num_hashed = full
+            if live.shareable:
+                self._key_full_blocks(live)
             if computed >= live.num_tokens:
                 live.num_output += 1
                 live.num_tokens += 1
