@@ -113,7 +113,7 @@ class Report:
                 f"{size:,} embeddings ({memory}) with policy {name}, still encodes {extra} more: try larger sizes."
             )
         if "vllm" in rec["variants_within"]:
-            policy = "any policy, vLLM's own included"
+            policy = "any policy (vLLM's own included)"
         else:
             policy = f"policy {name}"
         sentence = (
@@ -311,8 +311,13 @@ def plot(report: Report, path: str) -> None:
             axes.plot([r.encoder_cache_size], [r.counters.encoded_embeds / 1e6], marker="o", label=r.name)
     if report.unbounded is not None:
         axes.axhline(report.unbounded.counters.encoded_embeds / 1e6, color="0.4", linewidth=1, label="unbounded cache")
-    axes.axvline(report.default_size, color="0.7", linestyle=":", linewidth=1)
-    axes.annotate("vLLM default", (report.default_size, axes.get_ylim()[1]), fontsize=8, ha="left", va="top")
+    top = axes.get_ylim()[1]
+    axes.axvline(report.default_size, color="0.6", linestyle=":", linewidth=1)
+    axes.annotate(" vLLM default", (report.default_size, top), fontsize=8, ha="left", va="top")
+    rec = report.recommendation()
+    if rec is not None and rec["found"]:
+        axes.axvline(rec["size"], color="C2", linestyle=":", linewidth=1)
+        axes.annotate("recommended ", (rec["size"], top * 0.94), fontsize=8, ha="right", va="top", color="C2")
     axes.set_xscale("log", base=2)
     axes.set_xticks(sizes)
     axes.set_xticklabels([f"{s:,}\n{format_bytes(s * report.bytes_per_embed)}" for s in sizes], fontsize=8)
