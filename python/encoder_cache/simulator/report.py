@@ -127,6 +127,12 @@ class Report:
                 f"{format_bytes(self.default_size * self.bytes_per_embed)}) encodes "
                 f"{_pct(base.counters.encoded_embeds, floor)} more than unbounded"
             )
+            best = self.best()
+            if best is not None and best.counters.encoded_embeds < base.counters.encoded_embeds:
+                sentence += (
+                    f"; at that default size, policy {best.name} encodes "
+                    f"{_pct(best.counters.encoded_embeds, base.counters.encoded_embeds)} against vllm"
+                )
         return sentence + "."
 
     # Text
