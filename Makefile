@@ -1,32 +1,71 @@
 # Two entry points for a fresh machine with Python >= 3.10 and a Rust toolchain:
 #   make simulate   the main job (the scheduler simulator's default run)
-#   make test       builds, then runs every test: cargo's and pytest's
-# Everything is installed into ./.venv by these targets.
+#   make test       builds, then runs every check and test: lints, cargo's tests, pytest's
+# Everything is installed into ./.venv (and .venv-3.10, .venv-3.13 for the
+# abi3 checks) by these targets.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: build test simulate bench
+WHEELS := target/wheels
+# The one abi3 wheel is also tested on these CPythons (pyenv's, or pythonX.Y on PATH).
+OTHER_PYTHONS ?= 3.10 3.13
+PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $$HOME/.pyenv)
+# What the other CPythons run: the API, the differential tests and the seed regressions.
+ABI3_TESTS := tests/test_manager_api.py tests/test_bad_input.py tests/test_differential.py \
+	tests/test_step_differential.py tests/test_seed_regressions.py tests/test_stubs.py
+
+.PHONY: build test lint abi3 simulate bench
 
 $(VENV)/bin/maturin:
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q 'maturin>=1.5,<2'
+	@echo "creating $(VENV) and installing maturin..."
+	@python3 -m venv $(VENV)
+	@$(PIP) install --upgrade pip
+	@$(PIP) install 'maturin>=1.5,<2'
 
+# One release wheel for CPython >= 3.10 (abi3), installed into $(VENV) with the test dependencies.
 build: $(VENV)/bin/maturin
-	$(VENV)/bin/maturin develop --release --extras test --quiet
+	@echo "building the extension (release; a first build takes 1 to 2.5 minutes)..."
+	@mkdir -p target && rm -rf $(WHEELS)
+	@$(VENV)/bin/maturin build --release --out $(WHEELS) > target/build.log 2>&1 || { cat target/build.log; exit 1; }
+	@$(PIP) install "$$(ls $(WHEELS)/*.whl)[test]"
+	@$(PIP) install --force-reinstall --no-deps $(WHEELS)/*.whl
+	@echo "installed $$(basename $(WHEELS)/*.whl)"
 
-test: build
+lint: build
+	cargo fmt --check
+	cargo clippy --quiet --all-targets --all-features -- -D warnings
+	$(VENV)/bin/ruff format --check --quiet python tests benches
+	$(VENV)/bin/ruff check --quiet python tests benches
+	$(PY) -m mypy.stubtest encoder_cache._core
+
+# The same wheel, imported and tested on the other CPythons.
+abi3: build
+	@for v in $(OTHER_PYTHONS); do \
+		py=$$(ls -d $(PYENV_ROOT)/versions/$$v.*/bin/python$$v 2>/dev/null | tail -n 1); \
+		[ -n "$$py" ] || py=$$(command -v python$$v); \
+		[ -n "$$py" ] || { echo "CPython $$v not found (pyenv or python$$v on PATH); set OTHER_PYTHONS"; exit 1; }; \
+		[ -x .venv-$$v/bin/python ] || $$py -m venv .venv-$$v || exit 1; \
+		echo "CPython $$v ($$py): $(ABI3_TESTS)"; \
+		.venv-$$v/bin/python -m pip --disable-pip-version-check -q install "$$(ls $(WHEELS)/*.whl)[test]" || exit 1; \
+		.venv-$$v/bin/python -m pip --disable-pip-version-check -q install --force-reinstall --no-deps $(WHEELS)/*.whl || exit 1; \
+		.venv-$$v/bin/python -c "import encoder_cache._core as c; assert c.__file__.endswith('_core.abi3.so'), c.__file__" || exit 1; \
+		.venv-$$v/bin/python -m pytest -q -p no:cacheprovider $(ABI3_TESTS) || exit 1; \
+	done
+
+test: lint abi3
 	cargo test --quiet
 	$(PY) -m pytest -q
 
 simulate: build
-	$(PY) -m encoder_cache simulate
+	@$(PY) -m encoder_cache simulate
 
 # Benches are plain tests elsewhere (pyproject sets --benchmark-disable); here they are timed.
 bench: build
 	mkdir -p .benchmarks
+	ENCODER_CACHE_FETCH_VLLM=1 $(PY) benches/vllm_baseline.py
 	$(PY) -m pytest benches -q --benchmark-enable --benchmark-only --benchmark-group-by=group \
 		--benchmark-columns=min,median,mean,rounds --benchmark-sort=name --benchmark-json=.benchmarks/latest.json
 	$(PY) benches/report.py .benchmarks/latest.json

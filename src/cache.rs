@@ -14,12 +14,18 @@ use std::sync::Arc;
 use hashbrown::hash_map::EntryRef;
 use hashbrown::{Equivalent, HashMap, HashSet};
 
-mod eviction;
 mod inputs;
-mod state;
-use eviction::EvictionQueue;
+mod policy;
+#[cfg(test)]
+mod policy_tests;
+pub mod state;
+mod stats;
 pub use inputs::HeldInputs;
-pub use state::{CacheState, EntryState, InvariantViolation, RequestState};
+use policy::Order;
+pub use policy::{Policy, GDSF_COST_SCALE, S3FIFO_MAX_CREDIT};
+pub use state::{CacheState, EntryPolicyState, EntryState, InvariantViolation, PolicyState, RequestState};
+pub use stats::{CacheStats, Counters, EVICTED_MEMORY};
+use stats::{Event, Evicted};
 
 /// An item identifier (vLLM's `mm_hash`) or a request id, shared between maps.
 pub type Key = Arc<str>;
@@ -95,6 +101,14 @@ pub enum CacheError {
     /// `mm_features` changed under a held input). Counting the new item there
     /// would leave a reference that no free could ever release.
     InputHeld { request_id: String, input_id: usize, held: String, given: String },
+    /// `resize` below what the referenced entries (or held inputs) alone take.
+    ReferencedExceedSize { cache_size: u64, referenced: u64 },
+    /// An encoder-decoder `allocate` for an input the request holds already.
+    InputAllocated { request_id: String, input_id: usize },
+    /// `mark_waiting` for a request already marked.
+    AlreadyWaiting { request_id: String },
+    /// `unmark_waiting` for a request not marked.
+    NotWaiting { request_id: String },
 }
 
 impl std::fmt::Display for CacheError {
@@ -116,6 +130,16 @@ impl std::fmt::Display for CacheError {
                 "request '{request_id}' already holds input {input_id} as item '{held}', not '{given}'; \
                  free that input before reusing its id"
             ),
+            Self::ReferencedExceedSize { cache_size, referenced } => write!(
+                f,
+                "cannot resize the cache to {cache_size} embeddings: entries in use take {referenced}; \
+                 free requests first or choose a size of at least {referenced}"
+            ),
+            Self::InputAllocated { request_id, input_id } => {
+                write!(f, "request '{request_id}' already holds input {input_id}; free it before allocating it again")
+            }
+            Self::AlreadyWaiting { request_id } => write!(f, "request '{request_id}' is already marked waiting"),
+            Self::NotWaiting { request_id } => write!(f, "request '{request_id}' is not marked waiting"),
         }
     }
 }
@@ -130,14 +154,30 @@ pub(crate) fn shrink_when_sparse<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K
     }
 }
 
-/// A cached item: its size and the requests that reference it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A cached item: its size, the requests that reference it, and what the
+/// eviction policy keeps about it.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub num_embeds: u64,
     pub referrers: Referrers,
     /// While unreferenced, the stamp of its place in the eviction order; 0
     /// while referenced.
     pub released: u64,
+    /// Acquisitions since allocation: the allocation and every counted hit.
+    pub frequency: u32,
+    /// While unreferenced: GDSF's priority, or S3-FIFO's hit credit in a main
+    /// lane; otherwise 0.
+    pub rank: f64,
+    /// The modality tag given at allocation (0 = unknown).
+    pub modality: u8,
+    /// While unreferenced, the policy lane holding its place.
+    lane: u8,
+}
+
+impl Entry {
+    fn new(num_embeds: u64, referrers: Referrers, modality: u8) -> Self {
+        Self { num_embeds, referrers, released: 0, frequency: 1, rank: 0.0, modality, lane: 0 }
+    }
 }
 
 /// The requests referencing an entry. Most entries have at most one, kept
@@ -254,35 +294,252 @@ impl RequestRefs {
     }
 }
 
-/// The encoder-cache manager's state, with vLLM 0.33's semantics.
+/// The encoder-cache manager's state, with vLLM 0.33's semantics, an
+/// eviction [`Policy`], lookahead marks and counters.
 #[derive(Debug, Clone)]
 pub struct EncoderCache {
     cache_size: u64,
     num_free_slots: u64,
     num_freeable_slots: u64,
     entries: HashMap<Key, Entry>,
-    /// Unreferenced entries, oldest release first.
-    eviction: EvictionQueue,
+    /// Unreferenced entries, in the policy's lanes.
+    order: Order,
+    /// The last stamp given to a place in `order`.
+    last_stamp: u64,
+    /// GDSF's clock: the highest priority evicted so far.
+    clock: f64,
     requests: HashMap<Key, RequestRefs>,
     /// Evicted since the last `take_freed`, in eviction order.
     freed: Vec<Key>,
+    /// Lookahead: waiting request -> its distinct identifiers, and how many
+    /// waiting requests need each identifier.
+    waiting: HashMap<Key, Vec<Key>>,
+    waiting_count: HashMap<Key, u32>,
+    stats: CacheStats,
+    evicted: Evicted,
 }
 
 impl EncoderCache {
+    /// A cache under vLLM's eviction rule.
     pub fn new(cache_size: u64) -> Self {
+        Self::with_policy(cache_size, Policy::Vllm)
+    }
+
+    pub fn with_policy(cache_size: u64, policy: Policy) -> Self {
         Self {
             cache_size,
             num_free_slots: cache_size,
             num_freeable_slots: cache_size,
             entries: HashMap::new(),
-            eviction: EvictionQueue::default(),
+            order: Order::new(policy),
+            last_stamp: 0,
+            clock: 0.0,
             requests: HashMap::new(),
             freed: Vec::new(),
+            waiting: HashMap::new(),
+            waiting_count: HashMap::new(),
+            stats: CacheStats::default(),
+            evicted: Evicted::default(),
         }
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.order.policy
     }
 
     pub fn cache_size(&self) -> u64 {
         self.cache_size
+    }
+
+    /// The counters since the cache was built or [`Self::reset_stats`].
+    pub fn stats(&self) -> &CacheStats {
+        &self.stats
+    }
+
+    /// Zeroes the counters; the contents stay.
+    pub fn reset_stats(&mut self) {
+        self.stats = CacheStats::default();
+    }
+
+    /// Embeddings held by cached entries.
+    pub fn used_embeds(&self) -> u64 {
+        self.cache_size - self.num_free_slots
+    }
+
+    /// Embeddings held by unreferenced (evictable) entries.
+    pub fn freeable_embeds(&self) -> u64 {
+        self.num_freeable_slots - self.num_free_slots
+    }
+
+    /// GDSF's clock (0 under other policies).
+    pub fn clock(&self) -> f64 {
+        self.clock
+    }
+
+    /// The waiting requests' lookahead marks: request -> its distinct identifiers.
+    pub fn waiting(&self) -> &HashMap<Key, Vec<Key>> {
+        &self.waiting
+    }
+
+    /// Resize to `cache_size` embeddings. Growing adds free slots; shrinking
+    /// evicts unreferenced entries under the policy (into the freed list)
+    /// until the cached entries fit. Refused, changing nothing, when the
+    /// referenced entries alone exceed `cache_size`.
+    pub fn resize(&mut self, cache_size: u64) -> Result<(), CacheError> {
+        let referenced = self.cache_size - self.num_freeable_slots;
+        if referenced > cache_size {
+            return Err(CacheError::ReferencedExceedSize { cache_size, referenced });
+        }
+        while self.used_embeds() > cache_size {
+            if !self.evict_one() {
+                break;
+            }
+        }
+        let (used, freeable) = (self.used_embeds(), self.freeable_embeds());
+        self.cache_size = cache_size;
+        self.num_free_slots = cache_size - used;
+        self.num_freeable_slots = self.num_free_slots + freeable;
+        Ok(())
+    }
+
+    /// Record that waiting `request_id` will need `identifiers` (duplicates
+    /// count once): until [`Self::unmark_waiting`], an unreferenced entry a
+    /// waiting request needs is evicted only after every one no waiting
+    /// request needs. Identifiers not cached yet count once they are.
+    /// O(identifiers). An error, changing nothing, if already marked.
+    pub fn mark_waiting<'a>(
+        &mut self,
+        request_id: impl Into<KeyArg<'a>>,
+        identifiers: impl IntoIterator<Item = Key>,
+    ) -> Result<(), CacheError> {
+        let request_id = request_id.into();
+        if self.waiting.contains_key(&request_id) {
+            return Err(CacheError::AlreadyWaiting { request_id: request_id.as_str().to_owned() });
+        }
+        let mut distinct: Vec<Key> = Vec::new();
+        let mut seen: HashSet<Key> = HashSet::new();
+        for identifier in identifiers {
+            if seen.insert(identifier.clone()) {
+                distinct.push(identifier);
+            }
+        }
+        for identifier in &distinct {
+            let count = self.waiting_count.entry(identifier.clone()).or_insert(0);
+            *count += 1;
+            if *count == 1 {
+                self.move_tier(identifier, 1);
+            }
+        }
+        self.waiting.insert(Key::from(&request_id), distinct);
+        self.compact_lanes();
+        Ok(())
+    }
+
+    /// Drop `request_id`'s lookahead mark; an error, changing nothing, if it has none.
+    pub fn unmark_waiting<'a>(&mut self, request_id: impl Into<KeyArg<'a>>) -> Result<(), CacheError> {
+        let request_id = request_id.into();
+        let Some(identifiers) = self.waiting.remove(&request_id) else {
+            return Err(CacheError::NotWaiting { request_id: request_id.as_str().to_owned() });
+        };
+        shrink_when_sparse(&mut self.waiting);
+        for identifier in &identifiers {
+            if let EntryRef::Occupied(mut count) = self.waiting_count.entry_ref(&KeyArg::from(identifier)) {
+                *count.get_mut() -= 1;
+                if *count.get() == 0 {
+                    count.remove();
+                    self.move_tier(identifier, 0);
+                }
+            }
+        }
+        shrink_when_sparse(&mut self.waiting_count);
+        self.compact_lanes();
+        Ok(())
+    }
+
+    /// Moves an unreferenced entry of the other tier to `tier`, as a release now.
+    fn move_tier(&mut self, identifier: &Key, tier: usize) {
+        let Some((key, entry)) = self.entries.get_key_value_mut(identifier) else {
+            return;
+        };
+        if !entry.referrers.is_empty() || self.order.tier_of_lane(usize::from(entry.lane)) == tier {
+            return;
+        }
+        Self::take_back(&mut self.order, entry);
+        Self::place(&mut self.order, &mut self.last_stamp, self.clock, key.clone(), entry, tier, None);
+    }
+
+    /// Puts an unreferenced entry in `tier`'s lanes, as the policy orders it
+    /// (with `restored`, the rank a snapshot kept, where the policy has one).
+    fn place(order: &mut Order, last_stamp: &mut u64, clock: f64, key: Key, entry: &mut Entry, tier: usize, restored: Option<f64>) {
+        *last_stamp += 1;
+        let lane = order.lane_for(tier, entry.frequency);
+        entry.released = *last_stamp;
+        entry.lane = u8::try_from(lane).expect("at most four lanes");
+        entry.rank = match order.policy {
+            Policy::Gdsf => restored.unwrap_or_else(|| clock + f64::from(entry.frequency) * Policy::gdsf_value(entry.num_embeds)),
+            Policy::S3Fifo if order.rotates(lane) => restored.unwrap_or_else(|| f64::from((entry.frequency - 1).min(S3FIFO_MAX_CREDIT))),
+            Policy::Vllm | Policy::S3Fifo => 0.0,
+        };
+        order.lanes[lane].push(*last_stamp, key, entry.rank);
+    }
+
+    /// Takes an unreferenced entry out of its lane (its place goes stale).
+    fn take_back(order: &mut Order, entry: &mut Entry) {
+        order.lanes[usize::from(entry.lane)].taken_back();
+        entry.released = 0;
+        entry.rank = 0.0;
+    }
+
+    /// Drops stale places from lanes where they outnumber the live ones.
+    fn compact_lanes(&mut self) {
+        let entries = &self.entries;
+        for lane in &mut self.order.lanes {
+            if lane.needs_compacting() {
+                lane.compact(|stamp, key| entries.get(key).is_some_and(|e| e.released == stamp));
+            }
+        }
+    }
+
+    /// Evicts the policy's next victim: tier 0 first, then tier 1. False if
+    /// nothing is evictable.
+    fn evict_one(&mut self) -> bool {
+        let Some(lane) = self.order.victim_lane() else {
+            return false;
+        };
+        loop {
+            let Some((stamp, key)) = self.order.lanes[lane].pop() else {
+                return false; // unreachable: the lane has a live place
+            };
+            let EntryRef::Occupied(mut slot) = self.entries.entry_ref(&KeyArg::from(&key)) else {
+                self.order.lanes[lane].skipped();
+                continue;
+            };
+            let entry = slot.get_mut();
+            if entry.released != stamp {
+                self.order.lanes[lane].skipped();
+                continue;
+            }
+            if self.order.rotates(lane) && entry.rank > 0.0 {
+                // S3-FIFO's main lane: spend one hit credit, go round again.
+                entry.rank -= 1.0;
+                self.last_stamp += 1;
+                entry.released = self.last_stamp;
+                let rank = entry.rank;
+                self.order.lanes[lane].removed();
+                self.order.lanes[lane].push(self.last_stamp, key, rank);
+                continue;
+            }
+            self.order.lanes[lane].removed();
+            let entry = slot.remove();
+            if self.order.policy == Policy::Gdsf {
+                self.clock = self.clock.max(entry.rank);
+            }
+            self.num_free_slots += entry.num_embeds;
+            self.stats.count(Event::Eviction, entry.modality, entry.num_embeds);
+            self.evicted.insert(key.clone());
+            self.freed.push(key);
+            return true;
+        }
     }
 
     pub fn num_free_slots(&self) -> u64 {
@@ -297,12 +554,21 @@ impl EncoderCache {
         &self.entries
     }
 
-    /// The unreferenced entries with their sizes, next eviction first.
+    /// The unreferenced entries with their sizes, in the policy's order:
+    /// tier 0 (no waiting request needs them) before tier 1, and within a tier
+    /// the eviction order (under S3-FIFO, the small lane before the main one).
     pub fn freeable(&self) -> impl Iterator<Item = (&Key, u64)> {
-        self.eviction.places().filter_map(|(stamp, key)| {
-            let entry = self.entries.get(key)?;
-            (entry.released == *stamp).then_some((key, entry.num_embeds))
-        })
+        let live: Vec<(&Key, u64)> = self
+            .order
+            .lanes
+            .iter()
+            .flat_map(|lane| lane.places())
+            .filter_map(|(stamp, key)| {
+                let entry = self.entries.get(key)?;
+                (entry.released == stamp).then_some((key, entry.num_embeds))
+            })
+            .collect();
+        live.into_iter()
     }
 
     pub fn requests(&self) -> &HashMap<Key, RequestRefs> {
@@ -314,11 +580,17 @@ impl EncoderCache {
     }
 
     /// Forget everything (vLLM calls this when model weights change).
+    /// Lookahead marks and the memory of evicted items go too; the counters stay.
     pub fn reset(&mut self) {
         self.entries.clear();
-        self.eviction.clear();
+        self.order.clear();
+        self.last_stamp = 0;
+        self.clock = 0.0;
         self.requests.clear();
         self.freed.clear();
+        self.waiting.clear();
+        self.waiting_count.clear();
+        self.evicted.clear();
         self.num_free_slots = self.cache_size;
         self.num_freeable_slots = self.cache_size;
     }
@@ -330,8 +602,9 @@ impl EncoderCache {
 
     /// If `identifier` is cached, record that `request_id` uses it at
     /// `input_id` (taking it off the eviction list if it was unreferenced) and
-    /// return true. An input the request already holds is a hit that changes
-    /// nothing, or an error if it is held as another item.
+    /// return true: a hit, counted in [`Self::stats`]. An input the request
+    /// already holds is a hit that changes and counts nothing, or an error if
+    /// it is held as another item.
     pub fn check_and_update_cache<'a>(
         &mut self,
         request_id: impl Into<KeyArg<'a>>,
@@ -347,15 +620,16 @@ impl EncoderCache {
         };
         let taken_back = entry.referrers.is_empty();
         if taken_back {
-            self.eviction.take_back(entry);
+            Self::take_back(&mut self.order, entry);
             self.num_freeable_slots -= entry.num_embeds;
         }
+        entry.frequency = entry.frequency.saturating_add(1);
+        self.stats.count(Event::Hit, entry.modality, entry.num_embeds);
         let (request_key, refs) = Self::request_refs(&mut self.requests, request_id);
         let first = entry.referrers.insert(request_key);
         Self::add_occurrence(refs, input_id, key.clone(), first);
-        if taken_back && self.eviction.needs_compacting() {
-            let entries = &self.entries;
-            self.eviction.compact(|stamp, key| entries.get(key).is_some_and(|e| e.released == stamp));
+        if taken_back && self.order.lanes[usize::from(entry.lane)].needs_compacting() {
+            self.compact_lanes();
         }
         Ok(true)
     }
@@ -382,7 +656,7 @@ impl EncoderCache {
 
     /// Whether an item of `num_embeds` fits in the compute budget and, with
     /// `num_embeds_to_schedule` already promised this step, in the cache.
-    /// Evicts the oldest unreferenced entries when that makes room.
+    /// Evicts unreferenced entries, in the policy's order, when that makes room.
     pub fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool {
         let num_embeds = i128::from(num_embeds);
         if num_embeds > i128::from(encoder_compute_budget) {
@@ -398,22 +672,16 @@ impl EncoderCache {
         // Eviction is bookkeeping only: workers drop the tensors when the
         // scheduler output carries `take_freed`.
         while needed > i128::from(self.num_free_slots) {
-            let Some((stamp, key)) = self.eviction.pop() else {
+            if !self.evict_one() {
                 break;
-            };
-            match self.entries.entry_ref(&KeyArg::from(&key)) {
-                EntryRef::Occupied(entry) if entry.get().released == stamp => {
-                    self.num_free_slots += entry.remove().num_embeds;
-                    self.freed.push(key);
-                }
-                _ => self.eviction.skipped(),
             }
         }
         true
     }
 
     /// Reserve space for a newly encoded item, referenced by `request_id` at
-    /// `input_id`. On error nothing changes. A [`Key`] the caller already has
+    /// `input_id`: a miss, counted in [`Self::stats`] under modality 0
+    /// (unknown). On error nothing changes. A [`Key`] the caller already has
     /// is shared rather than copied.
     pub fn allocate<'a>(
         &mut self,
@@ -421,6 +689,20 @@ impl EncoderCache {
         input_id: usize,
         identifier: impl Into<Key>,
         num_embeds: u64,
+    ) -> Result<(), CacheError> {
+        self.allocate_tagged(request_id, input_id, identifier, num_embeds, 0)
+    }
+
+    /// [`Self::allocate`] for an item of modality tag `modality` (the caller's
+    /// numbering; 0 = unknown), which its hits, eviction and re-encode are
+    /// counted under.
+    pub fn allocate_tagged<'a>(
+        &mut self,
+        request_id: impl Into<KeyArg<'a>>,
+        input_id: usize,
+        identifier: impl Into<Key>,
+        num_embeds: u64,
+        modality: u8,
     ) -> Result<(), CacheError> {
         let request_id = request_id.into();
         let slot = match self.entries.entry(identifier.into()) {
@@ -451,9 +733,14 @@ impl EncoderCache {
         };
         let request_key = held.key().clone();
         Self::add_occurrence(held.into_mut(), input_id, slot.key().clone(), true);
-        slot.insert(Entry { num_embeds, referrers: Referrers::One(request_key), released: 0 });
+        let reencode = self.evicted.remove(KeyArg::from(slot.key()));
+        slot.insert(Entry::new(num_embeds, Referrers::One(request_key), modality));
         self.num_free_slots -= num_embeds;
         self.num_freeable_slots -= num_embeds;
+        self.stats.count(Event::Miss, modality, num_embeds);
+        if reencode {
+            self.stats.count(Event::Reencode, modality, num_embeds);
+        }
         Ok(())
     }
 
@@ -517,11 +804,12 @@ impl EncoderCache {
     }
 
     fn release(&mut self, request_id: KeyArg<'_>, identifier: &Key) {
-        let Some(entry) = self.entries.get_mut(identifier) else {
+        let Some((key, entry)) = self.entries.get_key_value_mut(identifier) else {
             return;
         };
         if entry.referrers.remove(request_id) && entry.referrers.is_empty() {
-            self.eviction.push(identifier.clone(), entry);
+            let tier = usize::from(self.waiting_count.contains_key(key));
+            Self::place(&mut self.order, &mut self.last_stamp, self.clock, key.clone(), entry, tier, None);
             self.num_freeable_slots += entry.num_embeds;
         }
     }
@@ -647,7 +935,7 @@ mod tests {
             cache.free("s");
         }
         assert_eq!(freeable(&cache), vec![("b", 1), ("c", 1), ("a", 1)]);
-        assert!(cache.eviction.places().count() < 200, "stale places are dropped");
+        assert!(cache.order.lanes[0].len() < 200, "stale places are dropped");
         assert!(cache.can_allocate(2, 10, 0));
         assert_eq!(cache.take_freed().iter().map(|k| &**k).collect::<Vec<_>>(), ["b", "c"]);
         assert_eq!(freeable(&cache), vec![("a", 1)]);
@@ -689,12 +977,31 @@ mod tests {
     }
 
     #[test]
+    fn resize_grows_shrinks_by_evicting_and_refuses_below_the_entries_in_use() {
+        let mut cache = EncoderCache::new(12);
+        cache.allocate("r1", 0, "a", 4).unwrap();
+        cache.allocate("r2", 0, "b", 4).unwrap();
+        cache.free("r1");
+        let before = format!("{cache:?}");
+        assert_eq!(cache.resize(3), Err(CacheError::ReferencedExceedSize { cache_size: 3, referenced: 4 }));
+        assert_eq!(format!("{cache:?}"), before, "a refused resize changes nothing");
+        cache.resize(6).unwrap();
+        assert_eq!(cache.take_freed().iter().map(|k| &**k).collect::<Vec<_>>(), ["a"]);
+        assert_eq!((cache.cache_size(), cache.num_free_slots(), cache.num_freeable_slots()), (6, 2, 2));
+        cache.resize(20).unwrap();
+        assert_eq!((cache.num_free_slots(), cache.num_freeable_slots()), (16, 16));
+        assert_eq!(cache.check_invariants(), Ok(()));
+    }
+
+    #[test]
     fn reset_returns_to_a_new_cache() {
         let mut cache = EncoderCache::new(10);
         cache.allocate("r1", 0, "a", 4).unwrap();
         cache.free("r1");
         assert!(cache.can_allocate(10, 10, 0));
         cache.reset();
+        assert_eq!(cache.stats().total.evictions, 1, "reset keeps the counters");
+        cache.reset_stats();
         assert_eq!(format!("{cache:?}"), format!("{:?}", EncoderCache::new(10)));
     }
 

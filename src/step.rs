@@ -28,6 +28,9 @@ pub struct Item {
     pub length: u64,
     /// Embeddings the encoder produces for the item.
     pub num_embeds: u64,
+    /// The item's modality tag for the cache's counters (0 = unknown; see
+    /// [`Item::with_modality`]).
+    pub modality: u8,
     /// Running count of the placeholder tokens that take an embedding (the
     /// cumulative sum of `is_embed`), or `None` when all of them do.
     embeds_cumsum: Option<Box<[u64]>>,
@@ -45,7 +48,14 @@ impl Item {
                 })
                 .collect()
         });
-        Self { identifier, offset, length, num_embeds, embeds_cumsum }
+        Self { identifier, offset, length, num_embeds, modality: 0, embeds_cumsum }
+    }
+
+    /// The item with modality tag `modality` (the caller's numbering; 0 = unknown).
+    #[must_use]
+    pub fn with_modality(mut self, modality: u8) -> Self {
+        self.modality = modality;
+        self
     }
 
     /// The embeddings `(first, last)` covered by placeholder tokens
@@ -215,7 +225,7 @@ impl StepCache for EncoderCache {
     }
 
     fn allocate(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<(), CacheError> {
-        EncoderCache::allocate(self, request_id, input_id, item.identifier.clone(), item.num_embeds)
+        EncoderCache::allocate_tagged(self, request_id, input_id, item.identifier.clone(), item.num_embeds, item.modality)
     }
 
     fn held_inputs(&self, request_id: KeyArg<'_>, _num_items: usize) -> impl Iterator<Item = usize> + '_ {
@@ -246,21 +256,19 @@ impl StepCache for EncoderDecoderCache {
         EncoderDecoderCache::can_allocate(self, num_embeds, encoder_compute_budget, num_embeds_to_schedule)
     }
 
-    fn allocate(&mut self, _request_id: KeyArg<'_>, _input_id: usize, item: &Item) -> Result<(), CacheError> {
-        EncoderDecoderCache::allocate(self, item.identifier.clone(), item.num_embeds);
-        Ok(())
+    fn allocate(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<(), CacheError> {
+        EncoderDecoderCache::allocate(self, request_id, input_id, item.identifier.clone(), item.num_embeds)
     }
 
-    /// Every item counts as held until the decoder starts.
-    fn held_inputs(&self, _request_id: KeyArg<'_>, num_items: usize) -> impl Iterator<Item = usize> + '_ {
-        0..num_items
+    /// The inputs allocated and not freed yet.
+    fn held_inputs(&self, request_id: KeyArg<'_>, _num_items: usize) -> impl Iterator<Item = usize> + '_ {
+        EncoderDecoderCache::held_inputs(self, request_id)
     }
 
-    /// By size: needs the records of `input_ids`.
-    fn free_inputs<I: Items + ?Sized>(&mut self, _request_id: KeyArg<'_>, items: &I, input_ids: &[usize]) -> Result<(), StepError> {
-        let sizes = input_ids.iter().map(|&i| Ok(items.item(i)?.num_embeds)).collect::<Result<Vec<u64>, StepError>>()?;
-        for n in sizes {
-            self.free_encoder_input(n);
+    /// By position alone: the cache knows each held input's size.
+    fn free_inputs<I: Items + ?Sized>(&mut self, request_id: KeyArg<'_>, _items: &I, input_ids: &[usize]) -> Result<(), StepError> {
+        for &input_id in input_ids {
+            self.free_encoder_input(request_id, input_id);
         }
         Ok(())
     }
@@ -272,7 +280,7 @@ impl StepCache for EncoderDecoderCache {
 fn bisect_left(len: usize, x: i128, key: impl Fn(usize) -> u64) -> usize {
     let (mut lo, mut hi) = (0, len);
     while lo < hi {
-        let mid = (lo + hi) / 2;
+        let mid = usize::midpoint(lo, hi);
         if i128::from(key(mid)) < x {
             lo = mid + 1;
         } else {
@@ -392,7 +400,7 @@ pub fn try_schedule<'a, C: StepCache, I: Items + ?Sized, E: From<StepError>>(
             continue;
         }
         // can_allocate checked num_embeds <= budget, so this cannot underflow.
-        out.encoder_compute_budget -= item.num_embeds as i64;
+        out.encoder_compute_budget -= i64::try_from(item.num_embeds).unwrap_or(i64::MAX);
         out.to_encode.push(input_id);
     }
     Ok(out)
@@ -534,12 +542,11 @@ mod tests {
         assert!(cache.requests().is_empty(), "nothing allocated");
         allocate_inputs(&mut cache, "r", &partly, &[1], &[]).unwrap();
         assert_eq!(free_inputs_before(&mut cache, "r", &partly, 20, false).unwrap(), vec![1]);
-        // Encoder-decoder frees by size: every freed item must be read, else nothing is freed.
+        // Encoder-decoder frees by position too: the cache knows each held input's size.
         let mut cache = EncoderDecoderCache::new(100);
         allocate_inputs(&mut cache, "r", &items[..], &[0, 1, 2], &[]).unwrap();
-        let err = free_inputs_before(&mut cache, "r", &partly, 0, true);
-        assert_eq!(err, Err(StepError::NotRead { input_id: 0 }));
-        assert_eq!(cache.num_free_slots(), 88);
+        assert_eq!(free_inputs_before(&mut cache, "r", &partly, 0, true), Ok(vec![0, 1, 2]));
+        assert_eq!(cache.num_free_slots(), 100);
     }
 
     #[test]
@@ -689,10 +696,17 @@ mod tests {
         assert_eq!((out.to_encode, out.num_new_tokens), (vec![0], 0), "b does not fit beside a");
         let out = step(&mut cache, &items, args(3, 4, 100));
         assert!(out.to_encode.is_empty());
+        let err = allocate_inputs(&mut cache, "r", &items[..], &[0, 1], &[]).unwrap_err();
+        assert!(matches!(err, StepError::Cache(CacheError::InsufficientSpace { .. })), "no room for both");
+        assert_eq!(cache.num_free_slots(), 4, "a refused allocation stops the call there");
+        cache.free("r");
+        cache.resize(12).unwrap();
         allocate_inputs(&mut cache, "r", &items[..], &[0, 1], &[]).unwrap();
-        assert_eq!(cache.num_free_slots(), -2);
+        assert_eq!(cache.num_free_slots(), 0);
         assert_eq!(free_inputs_before(&mut cache, "r", &items[..], 0, true).unwrap(), vec![0, 1]);
-        assert_eq!(cache.num_free_slots(), 10);
+        assert_eq!(cache.num_free_slots(), 12);
+        assert!(free_inputs_before(&mut cache, "r", &items[..], 0, true).unwrap().is_empty(), "each input is freed once");
+        assert_eq!(cache.num_free_slots(), 12);
         let late = [item("a", 3, 6)];
         let err = try_schedule::<_, _, StepError>(&mut cache, "r", &late[..], args(1, 4, 100), &mut |_| Ok(false));
         assert_eq!(err, Err(StepError::EncoderDecoderOffset { input_id: 0, offset: 3 }));

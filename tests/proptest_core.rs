@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::ops::{apply, Op, INPUTS, ITEMS, REQUESTS};
+use common::ops::{apply, Op, INPUTS, ITEMS, POLICIES, REQUESTS};
+use encoder_cache::cache::Policy;
 use encoder_cache::{EncoderCache, EncoderDecoderCache};
 use proptest::prelude::*;
 
@@ -29,7 +30,14 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (request, 0i64..130).prop_map(|(request, position)| Op::FreeBefore { request, position }),
         1 => Just(Op::Reset),
         1 => Just(Op::Restore),
+        2 => (0..REQUESTS, any::<u8>()).prop_map(|(request, items)| Op::Mark { request, items }),
+        2 => (0..REQUESTS).prop_map(|request| Op::Unmark { request }),
+        1 => (0u64..48).prop_map(|size| Op::Resize { size }),
     ]
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    prop::sample::select(POLICIES.to_vec())
 }
 
 fn run(cache: &mut EncoderCache, ops: &[Op]) -> Result<(), TestCaseError> {
@@ -38,24 +46,31 @@ fn run(cache: &mut EncoderCache, ops: &[Op]) -> Result<(), TestCaseError> {
 
 proptest! {
     #[test]
-    fn invariants_hold_after_every_operation(cache_size in 0u64..48, ops in prop::collection::vec(op(), 1..200)) {
-        run(&mut EncoderCache::new(cache_size), &ops)?;
+    fn invariants_hold_after_every_operation(
+        cache_size in 0u64..48,
+        policy in policy(),
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
+        run(&mut EncoderCache::with_policy(cache_size, policy), &ops)?;
     }
 
     /// A restored cache behaves exactly like the original from then on.
     #[test]
     fn restored_cache_behaves_like_the_original(
         cache_size in 0u64..48,
+        policy in policy(),
         prefix in prop::collection::vec(op(), 0..100),
         suffix in prop::collection::vec(op(), 1..100),
     ) {
-        let mut cache = EncoderCache::new(cache_size);
+        let mut cache = EncoderCache::with_policy(cache_size, policy);
         run(&mut cache, &prefix)?;
-        let mut restored = EncoderCache::restore(&cache.snapshot()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut restored = EncoderCache::restore_with(&cache.snapshot(), &cache.policy_snapshot())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         for op in &suffix {
             run(&mut cache, std::slice::from_ref(op))?;
             run(&mut restored, std::slice::from_ref(op))?;
             prop_assert_eq!(cache.snapshot(), restored.snapshot());
+            prop_assert_eq!(cache.policy_snapshot(), restored.policy_snapshot());
         }
     }
 
@@ -63,12 +78,14 @@ proptest! {
     #[test]
     fn restore_refuses_corrupted_states(
         cache_size in 1u64..48,
+        policy in policy(),
         ops in prop::collection::vec(op(), 1..100),
-        corruption in 0u8..5,
+        corruption in 0u8..7,
     ) {
-        let mut cache = EncoderCache::new(cache_size);
+        let mut cache = EncoderCache::with_policy(cache_size, policy);
         run(&mut cache, &ops)?;
         let mut state = cache.snapshot();
+        let mut policy_state = cache.policy_snapshot();
         match corruption {
             0 => state.num_free_slots += 1,
             1 => state.num_freeable_slots += 1,
@@ -78,32 +95,58 @@ proptest! {
                 let Some(entry) = state.entries.values_mut().next() else { return Ok(()) };
                 entry.referrers.insert("ghost".to_owned());
             }
-            _ => {
+            4 => {
                 let Some(held) = state.requests.values_mut().next() else { return Ok(()) };
                 *held.occurrences.values_mut().next().expect("a recorded request counts an item") += 1;
             }
+            5 => {
+                // A waiting mark on the first evictable entry, ahead of the unmarked ones.
+                let needed: std::collections::BTreeSet<&String> = policy_state.waiting.values().flatten().collect();
+                let Some(pos) = state.freeable.iter().position(|(item, _)| !needed.contains(item)) else { return Ok(()) };
+                if state.freeable[pos + 1..].iter().all(|(item, _)| needed.contains(item)) { return Ok(()) }
+                let item = state.freeable[pos].0.clone();
+                policy_state.waiting.insert("ghost".to_owned(), vec![item]);
+            }
+            _ => {
+                // Frequency zero, or a rank on a referenced entry.
+                let Some((item, meta)) = policy_state.entries.iter_mut().next() else { return Ok(()) };
+                if state.entries[item].referrers.is_empty() { meta.frequency = 0 } else { meta.rank = 1.0 }
+            }
         }
-        prop_assert!(EncoderCache::restore(&state).is_err());
+        prop_assert!(EncoderCache::restore_with(&state, &policy_state).is_err());
     }
 
-    /// The encoder-decoder manager's signed slot count never wraps, whatever
-    /// the sizes (vLLM's Python ints are unbounded).
+    /// The encoder-decoder manager frees each held input once: its free
+    /// slots and held sizes always add up to `cache_size`, whatever the calls.
     #[test]
-    fn encoder_decoder_slot_count_is_exact(
+    fn encoder_decoder_frees_each_input_once(
         cache_size in prop_oneof![0u64..48, Just(u64::MAX)],
-        ops in prop::collection::vec((any::<bool>(), prop_oneof![0u64..20, Just(u64::MAX)]), 1..50),
+        ops in prop::collection::vec((0u8..3, 0usize..3, 0usize..4, prop_oneof![0u64..20, Just(u64::MAX)]), 1..60),
     ) {
         let mut cache = EncoderDecoderCache::new(cache_size);
-        let mut expected = i128::from(cache_size);
-        for (allocate, size) in ops {
-            if allocate {
-                cache.allocate("item".into(), size);
-                expected -= i128::from(size);
-            } else {
-                cache.free_encoder_input(size);
-                expected += i128::from(size);
+        let mut held: std::collections::BTreeMap<(usize, usize), u64> = std::collections::BTreeMap::new();
+        for (op, request, input_id, size) in ops {
+            let request_id = format!("r{request}");
+            match op {
+                0 => {
+                    let fits = size <= cache.num_free_slots() && !held.contains_key(&(request, input_id));
+                    prop_assert_eq!(cache.allocate(request_id.as_str(), input_id, "item".into(), size).is_ok(), fits);
+                    if fits {
+                        held.insert((request, input_id), size);
+                    }
+                }
+                1 => {
+                    let was_held = held.remove(&(request, input_id)).is_some();
+                    prop_assert_eq!(cache.free_encoder_input(request_id.as_str(), input_id), was_held);
+                }
+                _ => {
+                    cache.free(request_id.as_str());
+                    held.retain(|(r, _), _| *r != request);
+                }
             }
-            prop_assert_eq!(cache.num_free_slots(), expected);
+            let held_total: u128 = held.values().map(|&n| u128::from(n)).sum();
+            prop_assert_eq!(u128::from(cache.num_free_slots()) + held_total, u128::from(cache_size));
+            prop_assert!(cache.check_invariants().is_ok());
         }
     }
 }

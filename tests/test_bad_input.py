@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import make_request, state
 
-from encoder_cache import EncoderDecoderCacheManager, reference
+from encoder_cache import EncoderCacheManager, EncoderDecoderCacheManager, reference
 
 
 class Boom(Exception):
@@ -208,7 +208,29 @@ def test_encoder_decoder_manager_refuses_bad_input_too():
         manager.allocate(OddRequest("r", ["a"], [-4]), 0)
     with pytest.raises(TypeError):
         manager.allocate(OddRequest("r", [4], [4]), 0)
+    # Frees give back what the request holds: sizes are not read again, so a failing size is never reached.
+    manager.free(OddRequest("r", ["a", "b"], [4, Boom("late failure")]))
     with pytest.raises(Boom):
-        manager.free(OddRequest("r", ["a", "b"], [4, Boom("late failure")]))
+        manager.can_allocate(OddRequest("r", ["a", "b"], [4, Boom("late failure")]), 1, 100, 0)
     assert (manager.num_free_slots, manager.allocated) == (10, [])
     assert reference.EncoderDecoderCacheManager(10).num_free_slots == 10
+
+
+@pytest.mark.parametrize("cls", [EncoderCacheManager, EncoderDecoderCacheManager])
+@pytest.mark.parametrize("bad", [{"request_id": "r", "mm_features": []}, None], ids=["dict", "None"])
+def test_a_request_of_another_shape_is_a_type_error_that_names_the_shape(cls, bad):
+    manager = cls(10)
+    calls = {
+        "check_and_update_cache": lambda: manager.check_and_update_cache(bad, 0),
+        "can_allocate": lambda: manager.can_allocate(bad, 0, 10, 0),
+        "allocate": lambda: manager.allocate(bad, 0),
+        "free": lambda: manager.free(bad),
+        "try_schedule_encoder_inputs": lambda: manager.try_schedule_encoder_inputs(bad, 0, 4, 10),
+    }
+    if cls is EncoderDecoderCacheManager:
+        del calls["check_and_update_cache"]  # never reads the request: nothing is ever cached
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=r"expected a request with `request_id`, `mm_features`") as raised:
+            call()
+        assert type(bad).__name__ in str(raised.value), name
+    assert manager.snapshot() == cls(10).snapshot()

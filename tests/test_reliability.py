@@ -128,16 +128,22 @@ def test_restore_builds_the_subclass(cls):
 
 @pytest.mark.parametrize("cls", ENC_DEC)
 def test_encoder_decoder_snapshot_round_trip(cls):
-    manager = cls(10)
+    manager = cls(20)
     request = make_request("r", ["img1", "img2"])
     manager.allocate(request, 0)
     manager.get_freed_mm_hashes()
     manager.allocate(request, 1)
-    manager.free(request)
-    manager.free(request)  # vLLM does not check frees: the count may exceed cache_size
+    manager.free_encoder_input(request, 0)
+    manager.free_encoder_input(request, 0)  # freed once: vLLM 0.33 would add its size back twice
     manager.check_invariants()
     state = manager.snapshot()
-    assert state == {"cache_size": 10, "num_free_slots": 10 - 5 - 8 + 26, "allocated": ["img2"], "to_free": ["img1"]}
+    assert state == {
+        "cache_size": 20,
+        "num_free_slots": 20 - 8,
+        "held": {"r": [[1, 8]]},
+        "allocated": ["img2"],
+        "to_free": ["img1"],
+    }
     for other in ENC_DEC:
         restored = other.restore(json.loads(json.dumps(state)))
         assert restored.snapshot() == state
@@ -413,7 +419,7 @@ def test_hostile_requests_raise_clear_errors_and_change_nothing(cls, warmup, cal
         if op == "free":
             manager.free(request)
         elif manager.get_cached_num_encoder_embeds(request, i) is None:
-            if manager.can_allocate(request, i, 100, 0):
+            if i not in manager.get_cached_input_ids(request) and manager.can_allocate(request, i, 100, 0):
                 manager.allocate(request, i)
         else:
             manager.check_and_update_cache(request, i)
@@ -488,13 +494,7 @@ def test_feature_changed_under_a_held_input_is_refused():
 
 
 @pytest.mark.parametrize(
-    ("call", "message"),
-    [
-        ("_core._panic_for_test()", "deliberate panic from encoder_cache._core._panic_for_test"),
-        # Through a fast entry, as the manager's per-item methods are entered (src/bindings/fast.rs).
-        ("_core._CallFloor()._panic_for_test(7)", "deliberate panic in a fast entry, called with a <class 'int'>"),
-    ],
-    ids=["pyo3 entry", "fast entry"],
+    ("call", "message"), [("_core._panic_for_test()", "deliberate panic from encoder_cache._core._panic_for_test")]
 )
 def test_a_rust_panic_surfaces_as_an_exception_not_an_abort(call, message):
     code = textwrap.dedent(

@@ -272,13 +272,20 @@ def test_encoder_decoder_rules(cls: type) -> None:
     # Everything is encoded before the first decoder token, within the cache.
     assert manager.try_schedule_encoder_inputs(req, 0, 3, 100) == ([0], 0, 94, [], [])
     assert manager.try_schedule_encoder_inputs(req, 0, 3, 100, disable_chunked_mm_input=True) == ([0], 0, 94, [], [])
+    with pytest.raises(ValueError, match="cannot allocate 6 embeddings"):
+        manager.allocate_encoder_inputs(req, [0, 1], [])  # no room for b: the call stops there
+    assert manager.num_free_slots == 4
+    manager.free(req)
+    manager.cache_size = 12
     manager.allocate_encoder_inputs(req, [0, 1], [])
-    assert manager.num_free_slots == -2
-    # Nothing is freed until a decoder token exists, then everything is.
+    assert manager.num_free_slots == 0
+    # Nothing is freed until a decoder token exists, then everything is, once.
     assert manager.free_encoder_inputs_before(req, 0) == []
     req.num_computed_tokens = 1
     assert manager.free_encoder_inputs_before(req, 0) == [0, 1]
-    assert manager.num_free_slots == 10
+    assert manager.num_free_slots == 12
+    assert manager.free_encoder_inputs_before(req, 0) == [], "a decode step frees nothing more"
+    assert manager.num_free_slots == 12
     assert manager.try_schedule_encoder_inputs(req, 1, 3, 100) == ([], 3, 100, [], [])
     with pytest.raises(ValueError, match="position 0"):
         manager.try_schedule_encoder_inputs(request("late", ("x", 2, 3)), 1, 5, 100)

@@ -104,7 +104,8 @@ def test_allocation_reads_the_items_it_is_given() -> None:
     assert manager.request_cached_ids == {"r": {0, 1}}
 
 
-def test_encoder_decoder_frees_read_the_sizes_they_need() -> None:
+def test_encoder_decoder_frees_read_no_item() -> None:
+    """The cache knows each held input's size, so frees read nothing of the items."""
     manager = encoder_cache.EncoderDecoderCacheManager(100)
     features = [Feature("a", 0, 4), Feature("b", 0, 6, [True] * 5 + [False])]
     req = Request("r", features)
@@ -114,7 +115,7 @@ def test_encoder_decoder_frees_read_the_sizes_they_need() -> None:
     req.num_computed_tokens = 1
     assert manager.free_encoder_inputs_before(req, 1) == [0, 1]
     assert manager.num_free_slots == 100
-    assert [(i - a, n - b) for (i, n), (a, b) in zip((f.reads() for f in features), baseline)] == [(1, 1), (1, 1)]
+    assert [f.reads() for f in features] == baseline
 
 
 def test_a_bad_item_fails_when_it_is_reached_and_changes_nothing() -> None:

@@ -1,6 +1,7 @@
 //! Coverage-guided fuzzing of the core: the input bytes are decoded into a
 //! cache size and a sequence of operations, each followed by the invariant
-//! checks of tests/common/ops.rs; any failure aborts with its message.
+//! checks of tests/common/ops.rs; any failure aborts with its message. The
+//! first byte picks the cache size and the eviction policy.
 
 #![no_main]
 
@@ -10,7 +11,7 @@ use libfuzzer_sys::fuzz_target;
 #[path = "../../tests/common/ops.rs"]
 mod ops;
 
-use ops::{apply, Op, INPUTS, ITEMS, REQUESTS};
+use ops::{apply, Op, INPUTS, ITEMS, POLICIES, REQUESTS};
 
 /// Three bytes per operation: kind, then two operands.
 fn decode(chunk: &[u8]) -> Op {
@@ -27,14 +28,20 @@ fn decode(chunk: &[u8]) -> Op {
         12 => Op::TakeFreed,
         13 => Op::Step { request, computed: i64::from(a / 2), new_tokens: i64::from(b / 3), budget: i64::from(kind / 4) - 4 },
         14 => Op::FreeBefore { request, position: i64::from(b / 2) },
-        _ if kind & 16 == 0 => Op::Restore,
-        _ => Op::Reset,
+        _ => match kind / 16 % 8 {
+            0 => Op::Restore,
+            1 => Op::Reset,
+            2 => Op::Resize { size: u64::from(b % 64) },
+            3 | 4 => Op::Unmark { request },
+            _ => Op::Mark { request, items: b },
+        },
     }
 }
 
 fuzz_target!(|data: &[u8]| {
     let Some((&size, rest)) = data.split_first() else { return };
-    let mut cache = EncoderCache::new(u64::from(size % 64));
+    let policy = POLICIES[usize::from(size / 64) % POLICIES.len()];
+    let mut cache = EncoderCache::with_policy(u64::from(size % 64), policy);
     for chunk in rest.chunks_exact(3) {
         if let Err(failure) = apply(&mut cache, &decode(chunk)) {
             panic!("{failure}");

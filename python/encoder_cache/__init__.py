@@ -6,10 +6,17 @@ readable state, same semantics), implemented in Rust. ``encoder_cache.reference`
 holds the pure-Python implementation they are checked and measured against.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from encoder_cache._core import EncoderCacheManager, EncoderDecoderCacheManager
 from encoder_cache.budget import SchedulerConfig, compute_mm_encoder_budget
 from encoder_cache.invariants import InvariantError
 from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
+
+try:
+    __version__ = version("encoder-cache")
+except PackageNotFoundError:  # imported from a source tree without installing
+    __version__ = "0+unknown"
 
 __all__ = [
     "EncoderCacheManager",

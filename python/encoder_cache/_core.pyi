@@ -1,11 +1,14 @@
 """Type stubs for the compiled module ``encoder_cache._core``.
 
-Readable state (``cached``, ``freeable``, ...) is returned as a fresh snapshot
-on every access: mutating it does not change the manager.
+The docstrings here are the runtime ones (``tests/test_stubs.py`` checks that
+they match). Readable state (``cached``, ``freeable``, ...) is a fresh
+snapshot on every access: changing it does not change the manager.
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, final
+
+from typing_extensions import Self, disjoint_base
 
 class _Placeholder(Protocol):
     offset: int
@@ -13,7 +16,6 @@ class _Placeholder(Protocol):
     # None, a sequence of bools, or anything with .tolist() (vLLM: a torch bool tensor).
     is_embed: Any
     def get_num_embeds(self) -> int: ...
-    def get_embeds_indices_in_range(self, start_idx: int, end_idx: int) -> tuple[int, int]: ...
 
 class _Feature(Protocol):
     identifier: str
@@ -30,20 +32,91 @@ _StepResult = tuple[list[int], int, int, list[int], list[int]]
 # (request, input_id, identifier, cached_num_embeds, requested_num_embeds)
 _OnMismatch = Callable[[Any, int, str, int, int], object]
 
-class _StepMethods:
-    """One call per request per scheduler step, in place of vLLM 0.33's per-item
-    loops (Scheduler._try_schedule_encoder_inputs, _allocate_encoder_inputs,
-    _free_encoder_inputs), with the same results and effects on the cache.
+__all__ = ["EncoderCacheManager", "EncoderDecoderCacheManager", "_CallFloor", "_panic_for_test"]
 
-    What is read from a request is kept per request object until free(request)
-    or reset(): its request_id, each item's offset and length when the item first appears, its
-    identifier, get_num_embeds() and is_embed only when a call first needs the
-    item (it is in the step's window, named in an allocation, or freed by size),
-    so items a prefix-cache hit covers are never read. mm_features must be
-    sorted by offset. Callbacks run while the manager is busy: they must not
-    call back into it (that raises RuntimeError).
+@disjoint_base
+class EncoderCacheManager:
+    """The encoder cache of a multimodal model, with vLLM 0.33's API: which items
+    (by content hash) are cached, which requests reference them, which
+    unreferenced entries may be evicted, and which evictions the workers must
+    hear about. `cache_size` is counted in encoder embeddings.
     """
 
+    def __new__(cls, cache_size: int) -> Self: ...
+    def check_and_update_cache(self, request: _Request, input_id: int) -> bool:
+        """Return True if the item at `input_id` is cached, and record that the
+        request uses it there (taking the entry off the eviction list if it was
+        unreferenced); False if it is not cached.
+
+        Raises IndexError for an input the request does not have, and
+        ValueError if the request already holds this input as another item.
+        """
+    def get_cached_num_encoder_embeds(self, request: _Request, input_id: int) -> int | None:
+        """Return the embedding count cached for the item at `input_id`, or None if it is not cached."""
+    def can_allocate(
+        self, request: _Request, input_id: int, encoder_compute_budget: int, num_embeds_to_schedule: int
+    ) -> bool:
+        """Return whether the item at `input_id` fits this step: within
+        `encoder_compute_budget`, and in the cache beside the
+        `num_embeds_to_schedule` embeddings the step already promised.
+
+        Evicts unreferenced entries, oldest release first, when that makes
+        room; evicts nothing when even that would not. As in vLLM, the budget
+        and count are compared as given: a negative budget fits nothing, a
+        negative count adds room.
+        """
+    def allocate(self, request: _Request, input_id: int) -> None:
+        """Reserve cache space for the item at `input_id`, about to be encoded,
+        referenced by the request.
+
+        Raises ValueError, changing nothing, if the item is already cached, if
+        there is no room (call `can_allocate` first), or if the request holds
+        this input as another item.
+        """
+    def get_cached_input_ids(self, request: _Request) -> set[int]:
+        """Return the input ids the request holds in the cache, as a new set."""
+    def free_encoder_input(self, request: _Request, input_id: int) -> None:
+        """Drop the request's hold on one input. The request's reference to the
+        item goes with its last held occurrence; an entry left unreferenced
+        becomes evictable but stays cached until room is needed.
+
+        Freeing an input the request does not hold (freed already, or never
+        cached) changes nothing, as in vLLM; an input id the request does not
+        have raises IndexError.
+        """
+    def free(self, request: _Request) -> None:
+        """Drop every hold the request has (it finished, was aborted or was
+        preempted), and forget what was read of it. Freeing a request the
+        manager does not know, or one freed already, changes nothing.
+        """
+    @classmethod
+    def create_manager(cls, *, cache_size: int, vllm_config: Any = None) -> EncoderCacheManager:
+        """Build a manager of this class holding `cache_size` embeddings.
+
+        vLLM's factory hook (`EncoderCacheManagerConfig.encoder_cache_manager_cls`);
+        `vllm_config` is accepted and unused. Subclasses construct themselves.
+        """
+    def reset(self) -> None:
+        """Forget every entry, request and pending report, keeping the capacity
+        (vLLM calls this when the model's weights change).
+        """
+    def get_freed_mm_hashes(self) -> list[str]:
+        """Return the identifiers whose cached outputs the workers must now drop,
+        and clear the report.
+        """
+    def get_manager_metadata(self) -> None:
+        """Return None: no metadata travels to the workers."""
+    @property
+    def cache_size(self) -> int:
+        """The capacity, in encoder embeddings. Assigning resizes the cache:
+        growing adds free slots; shrinking evicts unreferenced entries and
+        raises ValueError, changing nothing, when the entries in use would not fit.
+        """
+    @cache_size.setter
+    def cache_size(self, value: int) -> None: ...
+    @property
+    def num_free_slots(self) -> int:
+        """Slots not taken by any entry."""
     def try_schedule_encoder_inputs(
         self,
         request: _Request,
@@ -56,110 +129,193 @@ class _StepMethods:
         has_remote_item: Callable[[str], bool] | None = None,
         on_mismatch: _OnMismatch | None = None,
     ) -> _StepResult:
-        """Items to encode for tokens [num_computed_tokens, num_computed_tokens
-        + num_new_tokens); hits are taken and evictions made as in vLLM, even if
-        the step is then cut short. A cached size that disagrees with the
-        request's is passed to on_mismatch and returns ([], 0, budget, [], [])."""
+        """Schedule a request's encoder inputs for one step, as vLLM's scheduler loop does.
+
+        Walks the items whose placeholders overlap the tokens
+        `[num_computed_tokens, num_computed_tokens + num_new_tokens)`, taking
+        cache hits, making room and budgeting the rest.
+        Returns `(to_encode, num_new_tokens, encoder_compute_budget,
+        from_remote, repeated)`: the input ids to encode, the possibly reduced
+        token count and budget, the ids `has_remote_item(identifier)` says a
+        remote encoder cache holds, and the ids repeated within the step.
+        An item whose size disagrees with the cache is reported to
+        `on_mismatch(request, input_id, identifier, cached, requested)` and
+        nothing is scheduled. Raises IndexError or ValueError on bad input,
+        changing nothing.
+        """
     def allocate_encoder_inputs(
         self, request: _Request, input_ids: Sequence[int], duplicate_input_ids: Sequence[int]
     ) -> None:
-        """allocate() each of input_ids, then check_and_update_cache() each
-        duplicate. Ids are checked first (IndexError, nothing changed)."""
+        """Allocate the inputs `try_schedule_encoder_inputs` returned to encode,
+        then take the hit for each of `duplicate_input_ids`.
+        """
     def free_encoder_inputs_before(self, request: _Request, position: int) -> list[int]:
-        """Free the request's cached inputs whose placeholders end at or before
-        position (vLLM: num_computed_tokens - num_output_placeholders); return
-        their ids, ascending."""
-
-class EncoderCacheManager(_StepMethods):
-    """vLLM 0.33's encoder-cache manager, in Rust."""
-
-    def __init__(self, cache_size: int) -> None: ...
-    @classmethod
-    def create_manager(cls, *, cache_size: int, vllm_config: Any = None) -> EncoderCacheManager: ...
-    def reset(self) -> None: ...
-    def check_and_update_cache(self, request: _Request, input_id: int) -> bool: ...
-    def get_cached_num_encoder_embeds(self, request: _Request, input_id: int) -> int | None: ...
-    def can_allocate(
-        self, request: _Request, input_id: int, encoder_compute_budget: int, num_embeds_to_schedule: int
-    ) -> bool: ...
-    def allocate(self, request: _Request, input_id: int) -> None: ...
-    def get_cached_input_ids(self, request: _Request) -> set[int]:
-        """The request's cached input ids, in a set that is the caller's own
-        (never changed by the manager afterwards)."""
-    def free_encoder_input(self, request: _Request, input_id: int) -> None: ...
-    def free(self, request: _Request) -> None: ...
-    def get_freed_mm_hashes(self) -> list[str]: ...
-    def get_manager_metadata(self) -> None: ...
-    @property
-    def cache_size(self) -> int: ...
-    @property
-    def num_free_slots(self) -> int: ...
-    @property
-    def num_freeable_slots(self) -> int: ...
-    @property
-    def cached(self) -> dict[str, set[str]]: ...
-    @property
-    def num_embeds_by_hash(self) -> dict[str, int]: ...
-    @property
-    def freeable(self) -> dict[str, int]: ...
-    @property
-    def request_cached_ids(self) -> dict[str, set[int]]: ...
-    @property
-    def request_hash_refs(self) -> dict[str, dict[str, int]]: ...
-    @property
-    def freed(self) -> list[str]: ...
+        """Free the held inputs whose placeholders end at or before `position`
+        and return their ids, ascending (vLLM's `_free_encoder_inputs`).
+        """
     def check_invariants(self) -> None:
-        """Raise ``encoder_cache.InvariantError`` naming the first broken bookkeeping rule."""
+        """Raise `encoder_cache.InvariantError` naming the first broken bookkeeping rule."""
     def snapshot(self) -> dict[str, Any]:
-        """The whole state as plain, JSON-able data (shape: see RELIABILITY.md)."""
+        """Return the whole state as plain, JSON-serialisable data; `restore` takes it back."""
     @classmethod
     def restore(cls, state: dict[str, Any]) -> EncoderCacheManager:
-        """A manager in a ``snapshot()``'s state; ValueError if it is inconsistent."""
+        """Build a manager in the state `snapshot()` returned.
 
-class EncoderDecoderCacheManager(_StepMethods):
-    """vLLM 0.33's scheduling-only manager for encoder-decoder models, in Rust.
+        Raises TypeError or ValueError for a malformed dump, and ValueError
+        for one that breaks a bookkeeping rule.
+        """
+    @property
+    def num_freeable_slots(self) -> int:
+        """Slots that are free or held by unreferenced (evictable) entries."""
+    @property
+    def cached(self) -> dict[str, set[str]]:
+        """A snapshot: identifier -> set of the request ids referencing it."""
+    @property
+    def num_embeds_by_hash(self) -> dict[str, int]:
+        """A snapshot: identifier -> embeddings cached."""
+    @property
+    def freeable(self) -> dict[str, int]:
+        """A snapshot: unreferenced identifier -> embeddings, next eviction first."""
+    @property
+    def request_cached_ids(self) -> dict[str, set[int]]:
+        """A snapshot: request id -> set of the input ids it holds."""
+    @property
+    def request_hash_refs(self) -> dict[str, dict[str, int]]:
+        """A snapshot: request id -> identifier -> how many of the request's held inputs hold it."""
+    @property
+    def freed(self) -> list[str]:
+        """A snapshot: identifiers evicted since the last `get_freed_mm_hashes()`, in eviction order."""
 
-    Step-level API: every item is in the window until the first decoder token
-    and none after; free_encoder_inputs_before frees every item once
-    request.num_computed_tokens > 0."""
+@disjoint_base
+class EncoderDecoderCacheManager:
+    """The encoder-output budget of an encoder-decoder model (Whisper-style),
+    with vLLM 0.33's API: nothing is shared between requests, an input's slots
+    are held until the decoder has consumed it, and each allocation is
+    reported to the workers one `get_freed_mm_hashes()` late. Each held input
+    is freed once, however often it is freed.
+    """
 
-    def __init__(self, cache_size: int) -> None: ...
-    @classmethod
-    def create_manager(cls, *, cache_size: int, vllm_config: Any = None) -> EncoderDecoderCacheManager: ...
-    def reset(self) -> None: ...
-    def check_and_update_cache(self, request: _Request, input_id: int) -> bool: ...
-    def get_cached_num_encoder_embeds(self, request: _Request, input_id: int) -> None: ...
+    def __new__(cls, cache_size: int) -> Self: ...
+    def check_and_update_cache(self, request: _Request, input_id: int) -> bool:
+        """Return False: nothing is shared between requests, so there is never a hit."""
+    def get_cached_num_encoder_embeds(self, request: _Request, input_id: int) -> None:
+        """Return None: nothing is shared between requests, so nothing is ever cached."""
     def can_allocate(
         self, request: _Request, input_id: int, encoder_compute_budget: int, num_embeds_to_schedule: int
-    ) -> bool: ...
-    def allocate(self, request: _Request, input_id: int) -> None: ...
-    def get_cached_input_ids(self, request: _Request) -> set[int]: ...
-    def free_encoder_input(self, request: _Request, input_id: int) -> None: ...
-    def free(self, request: _Request) -> None: ...
-    def get_freed_mm_hashes(self) -> list[str]: ...
-    def get_manager_metadata(self) -> None: ...
-    @property
-    def cache_size(self) -> int: ...
-    @property
-    def num_free_slots(self) -> int: ...
-    @property
-    def allocated(self) -> list[str]: ...
-    @property
-    def to_free(self) -> list[str]: ...
-    def check_invariants(self) -> None:
-        """Never raises: this bookkeeping has no rule beyond its types."""
-    def snapshot(self) -> dict[str, Any]: ...
+    ) -> bool:
+        """Return whether the item at `input_id` fits this step: within
+        `encoder_compute_budget`, and in the free slots beside the
+        `num_embeds_to_schedule` embeddings the step already promised.
+        """
+    def allocate(self, request: _Request, input_id: int) -> None:
+        """Reserve the slots of the item at `input_id` for the request.
+
+        Raises ValueError, changing nothing, without room or for an input the
+        request holds already.
+        """
+    def get_cached_input_ids(self, request: _Request) -> set[int]:
+        """Return the input ids the request holds (allocated and not freed yet), as a new set."""
+    def free_encoder_input(self, request: _Request, input_id: int) -> None:
+        """Give back the slots of one held input. Freeing an input the request
+        does not hold (freed already, or never allocated) changes nothing;
+        vLLM 0.33 adds its size back on every call.
+        """
+    def free(self, request: _Request) -> None:
+        """Give back the slots of every input the request holds, and forget what
+        was read of it. Changes nothing for a request that holds none.
+        """
     @classmethod
-    def restore(cls, state: dict[str, Any]) -> EncoderDecoderCacheManager: ...
+    def create_manager(cls, *, cache_size: int, vllm_config: Any = None) -> EncoderDecoderCacheManager:
+        """Build a manager of this class holding `cache_size` embeddings.
+
+        vLLM's factory hook (`EncoderCacheManagerConfig.encoder_cache_manager_cls`);
+        `vllm_config` is accepted and unused. Subclasses construct themselves.
+        """
+    def reset(self) -> None:
+        """Forget every entry, request and pending report, keeping the capacity
+        (vLLM calls this when the model's weights change).
+        """
+    def get_freed_mm_hashes(self) -> list[str]:
+        """Return the identifiers whose cached outputs the workers must now drop,
+        and clear the report.
+        """
+    def get_manager_metadata(self) -> None:
+        """Return None: no metadata travels to the workers."""
+    @property
+    def cache_size(self) -> int:
+        """The capacity, in encoder embeddings. Assigning resizes the cache:
+        growing adds free slots; shrinking evicts unreferenced entries and
+        raises ValueError, changing nothing, when the entries in use would not fit.
+        """
+    @cache_size.setter
+    def cache_size(self, value: int) -> None: ...
+    @property
+    def num_free_slots(self) -> int:
+        """Slots not taken by any entry."""
+    def try_schedule_encoder_inputs(
+        self,
+        request: _Request,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        encoder_compute_budget: int,
+        shift_computed_tokens: int = 0,
+        *,
+        disable_chunked_mm_input: bool = False,
+        has_remote_item: Callable[[str], bool] | None = None,
+        on_mismatch: _OnMismatch | None = None,
+    ) -> _StepResult:
+        """Schedule a request's encoder inputs for one step, as vLLM's scheduler loop does.
+
+        Walks the items whose placeholders overlap the tokens
+        `[num_computed_tokens, num_computed_tokens + num_new_tokens)`, taking
+        cache hits, making room and budgeting the rest.
+        Returns `(to_encode, num_new_tokens, encoder_compute_budget,
+        from_remote, repeated)`: the input ids to encode, the possibly reduced
+        token count and budget, the ids `has_remote_item(identifier)` says a
+        remote encoder cache holds, and the ids repeated within the step.
+        An item whose size disagrees with the cache is reported to
+        `on_mismatch(request, input_id, identifier, cached, requested)` and
+        nothing is scheduled. Raises IndexError or ValueError on bad input,
+        changing nothing.
+        """
+    def allocate_encoder_inputs(
+        self, request: _Request, input_ids: Sequence[int], duplicate_input_ids: Sequence[int]
+    ) -> None:
+        """Allocate the inputs `try_schedule_encoder_inputs` returned to encode,
+        then take the hit for each of `duplicate_input_ids`.
+        """
+    def free_encoder_inputs_before(self, request: _Request, position: int) -> list[int]:
+        """Free the held inputs whose placeholders end at or before `position`
+        and return their ids, ascending (vLLM's `_free_encoder_inputs`).
+        """
+    def check_invariants(self) -> None:
+        """Raise `encoder_cache.InvariantError` naming the first broken bookkeeping rule."""
+    def snapshot(self) -> dict[str, Any]:
+        """Return the whole state as plain, JSON-serialisable data; `restore` takes it back."""
+    @classmethod
+    def restore(cls, state: dict[str, Any]) -> EncoderDecoderCacheManager:
+        """Build a manager in the state `snapshot()` returned.
+
+        Raises TypeError or ValueError for a malformed dump, and ValueError
+        for one that breaks a bookkeeping rule.
+        """
+    @property
+    def allocated(self) -> list[str]:
+        """A snapshot: identifiers allocated since the last `get_freed_mm_hashes()`."""
+    @property
+    def to_free(self) -> list[str]:
+        """A snapshot: identifiers the next `get_freed_mm_hashes()` returns."""
 
 def _panic_for_test() -> None:
     """Private test hook: panics in Rust, surfacing as pyo3's PanicException."""
 
+@final
 class _CallFloor:
-    """Private benchmark aid: the manager's methods, changing nothing. With
-    ``reads=True`` each reads from the request what vLLM's manager reads on every call."""
+    """Private benchmark aid: the manager's per-call methods, changing nothing.
+    With ``reads=True`` each reads from the request what vLLM's manager reads
+    on every call."""
 
-    def __init__(self, *, reads: bool = False) -> None: ...
+    def __new__(cls, *, reads: bool = False) -> Self: ...
     def check_and_update_cache(self, request: _Request, input_id: int) -> bool: ...
     def can_allocate(
         self, request: _Request, input_id: int, encoder_compute_budget: int, num_embeds_to_schedule: int
@@ -169,5 +325,3 @@ class _CallFloor:
     def allocate(self, request: _Request, input_id: int) -> None: ...
     def free_encoder_input(self, request: _Request, input_id: int) -> None: ...
     def free(self, request: _Request) -> None: ...
-    def _panic_for_test(self, request: object) -> None:
-        """Private test hook: panics in Rust inside a fast entry, surfacing as pyo3's PanicException."""

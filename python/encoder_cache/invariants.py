@@ -50,7 +50,7 @@ _POLICY_NAMES = ("vllm", "gdsf", "s3fifo")
 #: S3-FIFO's largest hit credit (encoder_cache.policies.S3FIFO_MAX_FREQ).
 _S3FIFO_MAX_CREDIT = 3
 
-_ENCODER_DECODER_KEYS = ("cache_size", "num_free_slots", "allocated", "to_free")
+_ENCODER_DECODER_KEYS = ("cache_size", "num_free_slots", "held", "allocated", "to_free")
 _CACHE_KEYS = ("cache_size", "num_free_slots", "num_freeable_slots", "entries", "freeable", "requests", "freed")
 #: Keys a snapshot may leave out (older snapshots), with their defaults.
 _OPTIONAL_CACHE_KEYS = {"policy": "vllm", "clock": 0.0, "waiting": {}}
@@ -220,19 +220,31 @@ def parse_state(state: Any) -> dict[str, Any]:
 
 
 def parse_encoder_decoder_state(state: Any) -> dict[str, Any]:
-    """An ``EncoderDecoderCacheManager.snapshot()`` dict checked for shape and types."""
+    """An ``EncoderDecoderCacheManager.snapshot()`` dict checked for shape and
+    types, with each request's held inputs as a dict: TypeError or ValueError
+    on a malformed one."""
     state = _fields(state, _ENCODER_DECODER_KEYS, "state")
-    free = state["num_free_slots"]
-    if isinstance(free, bool) or not isinstance(free, int):
-        raise TypeError("state['num_free_slots'] must be int")
-    if not -(2**127) <= free < 2**127:
-        raise ValueError("state['num_free_slots'] is out of range")
+    held = {}
+    for request, inputs in _items(state["held"], "state['held']"):
+        sizes = {}
+        for pair in _list(inputs, "a request's held inputs"):
+            input_id, size = _two(pair, "an [input_id, num_embeds] pair")
+            sizes[_count(input_id, "an input id")] = _count(size, "a held size")
+        held[_str(request, "a request id")] = sizes
     return {
         "cache_size": _count(state["cache_size"], "state['cache_size']"),
-        "num_free_slots": free,
+        "num_free_slots": _count(state["num_free_slots"], "state['num_free_slots']"),
+        "held": held,
         "allocated": [_str(s, "state['allocated']") for s in _list(state["allocated"], "state['allocated']")],
         "to_free": [_str(s, "state['to_free']") for s in _list(state["to_free"], "state['to_free']")],
     }
+
+
+def check_encoder_decoder_state(state: dict[str, Any]) -> None:
+    """The encoder-decoder rule: free slots and held sizes add up to cache_size."""
+    held = sum(n for sizes in state["held"].values() for n in sizes.values())
+    if held + state["num_free_slots"] != state["cache_size"]:
+        _broken(SLOTS_ACCOUNTED, f"{state['num_free_slots']} free + {held} held != cache_size {state['cache_size']}")
 
 
 def _fields(obj: Any, keys: tuple[str, ...], what: str, optional: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -39,7 +39,7 @@ POLICIES = ("vllm", "gdsf", "s3fifo")
 #: (a linear term for the MLP and projection, a quadratic one for the vision
 #: transformer's attention over the item's patches), so cost per embedding is
 #: ``1 + n / C``.
-GDSF_COST_SCALE = 4096.0
+GDSF_COST_SCALE = 8192.0
 
 #: S3-FIFO: the most hits the main queue remembers for an entry (each one buys
 #: the entry one more pass before eviction).

@@ -24,6 +24,7 @@ from encoder_cache.invariants import (
     InvariantError,
     _count,
     _str,
+    check_encoder_decoder_state,
     check_state,
     parse_encoder_decoder_state,
     parse_state,
@@ -651,18 +652,38 @@ class AnyScanEncoderCacheManager(EncoderCacheManager):
 
 
 class EncoderDecoderCacheManager(EncoderCacheManager):
-    """vLLM 0.33's scheduling-only manager for encoder-decoder models."""
+    """vLLM 0.33's scheduling-only manager for encoder-decoder models, with
+    each held input freed once (vLLM adds its size back on every free)."""
 
     is_encoder_decoder = True
 
     def __init__(self, cache_size: int) -> None:
-        self.cache_size = _count(cache_size, "cache_size")
-        self.num_free_slots = self.cache_size
+        self._cache_size = _count(cache_size, "cache_size")
+        self.num_free_slots = self._cache_size
+        #: request id -> input id -> embeddings, for inputs allocated and not freed yet.
+        self.held: dict[str, dict[int, int]] = {}
         self.allocated: list[str] = []
         self.to_free: list[str] = []
 
+    @property
+    def cache_size(self) -> int:
+        return self._cache_size
+
+    @cache_size.setter
+    def cache_size(self, value: int) -> None:
+        value = _count(value, "cache_size")
+        used = self._cache_size - self.num_free_slots
+        if value < used:
+            raise ValueError(
+                f"cannot resize the cache to {value} embeddings: entries in use take {used}; "
+                f"free requests first or choose a size of at least {used}"
+            )
+        self.num_free_slots = value - used
+        self._cache_size = value
+
     def reset(self) -> None:
-        self.num_free_slots = self.cache_size
+        self.num_free_slots = self._cache_size
+        self.held.clear()
         self.allocated.clear()
         self.to_free.clear()
 
@@ -684,31 +705,53 @@ class EncoderDecoderCacheManager(EncoderCacheManager):
         input_id = _index(input_id)
         num_embeds = _num_embeds(request, input_id)
         mm_hash = _identifier(request, input_id)
+        request_id = _request_id(request)
+        self._allocate(request_id, input_id, mm_hash, num_embeds)
+
+    def _allocate(self, request_id: str, input_id: int, mm_hash: str, num_embeds: int) -> None:
+        if num_embeds > self.num_free_slots:
+            raise ValueError(
+                f"cannot allocate {num_embeds} embeddings for item {mm_hash!r}: {self.num_free_slots} slots free, "
+                f"{self.num_free_slots} reclaimable; call can_allocate first so it can evict"
+            )
+        if input_id in self.held.get(request_id, {}):
+            raise ValueError(
+                f"request '{request_id}' already holds input {input_id}; free it before allocating it again"
+            )
+        self.held.setdefault(request_id, {})[input_id] = num_embeds
         self.num_free_slots -= num_embeds
         self.allocated.append(mm_hash)
 
     def get_cached_input_ids(self, request: Any) -> set[int]:
-        return set(range(len(request.mm_features)))
+        return set(self.held.get(_request_id(request), ()))
 
     def free_encoder_input(self, request: Any, input_id: int) -> None:
-        self.num_free_slots += _num_embeds(request, _index(input_id))
+        input_id = _index(input_id)
+        request_id = _request_id(request)
+        inputs = self.held.get(request_id, {})
+        if input_id not in inputs:
+            _identifier(request, input_id)  # an input the request does not have is still an error
+            return
+        self.num_free_slots += inputs.pop(input_id)
+        if not inputs:
+            del self.held[request_id]
 
     def free(self, request: Any) -> None:
-        sizes = [_num_embeds(request, i) for i in range(len(request.mm_features))]
-        self.num_free_slots += sum(sizes)
+        inputs = self.held.pop(_request_id(request), {})
+        self.num_free_slots += sum(inputs.values())
 
     def get_freed_mm_hashes(self) -> list[str]:
         to_free, self.to_free, self.allocated = self.to_free, self.allocated, []
         return to_free
 
     def check_invariants(self) -> None:
-        """Never raises: this bookkeeping has no rule beyond its types (frees are
-        not matched against allocations, so num_free_slots may leave [0, cache_size])."""
+        check_encoder_decoder_state(parse_encoder_decoder_state(self.snapshot()))
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            "cache_size": self.cache_size,
+            "cache_size": self._cache_size,
             "num_free_slots": self.num_free_slots,
+            "held": {request: [[i, n] for i, n in sorted(inputs.items())] for request, inputs in self.held.items()},
             "allocated": list(self.allocated),
             "to_free": list(self.to_free),
         }
@@ -716,8 +759,10 @@ class EncoderDecoderCacheManager(EncoderCacheManager):
     @classmethod
     def restore(cls, state: Any) -> EncoderDecoderCacheManager:
         state = parse_encoder_decoder_state(state)
+        check_encoder_decoder_state(state)
         manager = cls(state["cache_size"])
         manager.num_free_slots = state["num_free_slots"]
+        manager.held = {request: inputs for request, inputs in state["held"].items() if inputs}
         manager.allocated = state["allocated"]
         manager.to_free = state["to_free"]
         return manager

@@ -15,6 +15,18 @@ from itertools import accumulate
 __all__ = ["MultiModalFeature", "PlaceholderRange", "Request"]
 
 
+def _check_count(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, got {value}")
+
+
+def _check_str(value: object, what: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+
+
 @dataclass(frozen=True)
 class PlaceholderRange:
     """Where an item's placeholder tokens sit in the prompt.
@@ -30,6 +42,8 @@ class PlaceholderRange:
     _cumsum: tuple[int, ...] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
+        _check_count(self.offset, "offset")
+        _check_count(self.length, "length")
         if self.is_embed is not None:
             mask = tuple(bool(x) for x in self.is_embed)
             if len(mask) != self.length:
@@ -61,6 +75,15 @@ class MultiModalFeature:
     mm_position: PlaceholderRange
     modality: str = "image"
 
+    def __post_init__(self) -> None:
+        _check_str(self.identifier, "identifier")
+        if not all(hasattr(self.mm_position, name) for name in ("offset", "length", "get_num_embeds")):
+            raise TypeError(
+                f"mm_position must be a PlaceholderRange (offset, length, get_num_embeds()), "
+                f"not {type(self.mm_position).__name__}"
+            )
+        _check_str(self.modality, "modality")
+
 
 @dataclass(eq=False)
 class Request:
@@ -74,6 +97,21 @@ class Request:
     mm_features: list[MultiModalFeature] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_output_placeholders: int = 0
+
+    def __post_init__(self) -> None:
+        _check_str(self.request_id, "request_id")
+        if not isinstance(self.mm_features, list):
+            raise TypeError(f"mm_features must be a list of MultiModalFeature, not {type(self.mm_features).__name__}")
+        for i, feature in enumerate(self.mm_features):
+            # Duck-typed features are welcome, and reading their attributes here could run their code:
+            # only built-in values (None, numbers, strings, containers) are refused.
+            if type(feature).__module__ == "builtins":
+                raise TypeError(
+                    f"mm_features[{i}] must be a MultiModalFeature (identifier, mm_position), "
+                    f"not {type(feature).__name__}"
+                )
+        _check_count(self.num_computed_tokens, "num_computed_tokens")
+        _check_count(self.num_output_placeholders, "num_output_placeholders")
 
     @property
     def has_encoder_inputs(self) -> bool:

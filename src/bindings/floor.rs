@@ -14,9 +14,6 @@
 
 use pyo3::prelude::*;
 
-use pyo3::types::PyType;
-
-use super::fast::{self, fast_method};
 use super::request::{identifier, input_index, num_embeds, request_id};
 
 #[pyclass(module = "encoder_cache._core", name = "_CallFloor", frozen)]
@@ -87,27 +84,4 @@ impl CallFloor {
         }
         Ok(())
     }
-
-    /// Test hook: panics, through a fast entry like the manager's per-item
-    /// methods, so a test can check that the entry raises PanicException.
-    fn _panic_for_test(&self, request: &Bound<'_, PyAny>) {
-        panic!("deliberate panic in a fast entry, called with a {}", request.get_type());
-    }
-}
-
-#[allow(non_upper_case_globals)]
-mod fast_methods {
-    use super::*;
-
-    fast_method!(CallFloor, _panic_for_test, 0, |slf, request, []| {
-        slf.get()._panic_for_test(request);
-        Ok(slf.py().None())
-    });
-
-    pub(super) const ALL: [&fast::FastMethod; 1] = [&_panic_for_test];
-}
-
-/// Only the test hook: the floor's other methods stay PyO3's, as the floor measures them.
-pub(crate) fn install_fast_methods(cls: &Bound<'_, PyType>) -> PyResult<()> {
-    fast::install(cls, &fast_methods::ALL)
 }

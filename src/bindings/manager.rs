@@ -1,65 +1,49 @@
 //! `EncoderCacheManager`: vLLM 0.33's Python API over [`EncoderCache`].
 
-use pyo3::exceptions::PyValueError;
 use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
-use super::cell::StateCell;
-use super::fast::{self, fast_method};
+use super::calls::{with_input, with_request_id, Needs};
 use super::key_list;
-use super::records::{cached_input_set, with_input, with_request_id, Needs};
+use super::methods::manager_methods;
 use super::request::{count, identifier, input_index};
-use super::state::{cache_state_from_dict, cache_state_to_dict, invariant_error};
-use super::step::{self, read, write, ManagerState, StepManager};
-use crate::cache::{CacheError, EncoderCache};
-use crate::step::StepArgs;
+use super::shared::{read, write, Manager, ManagerState};
+use crate::cache::EncoderCache;
 
-#[pyclass(module = "encoder_cache._core", name = "EncoderCacheManager", subclass, frozen)]
+/// The encoder cache of a multimodal model, with vLLM 0.33's API: which items
+/// (by content hash) are cached, which requests reference them, which
+/// unreferenced entries may be evicted, and which evictions the workers must
+/// hear about. `cache_size` is counted in encoder embeddings.
+#[pyclass(module = "encoder_cache._core", name = "EncoderCacheManager", subclass)]
 pub struct PyEncoderCacheManager {
-    state: StateCell<ManagerState<EncoderCache>>,
+    state: ManagerState<EncoderCache>,
 }
 
-impl From<CacheError> for PyErr {
-    fn from(err: CacheError) -> PyErr {
-        PyValueError::new_err(err.to_string())
-    }
-}
-
-impl StepManager for PyEncoderCacheManager {
+impl Manager for PyEncoderCacheManager {
     type Cache = EncoderCache;
 
-    fn cell(&self) -> &StateCell<ManagerState<EncoderCache>> {
+    fn state(&self) -> &ManagerState<EncoderCache> {
         &self.state
+    }
+
+    fn state_mut(&mut self) -> &mut ManagerState<EncoderCache> {
+        &mut self.state
     }
 }
 
-#[pymethods]
-impl PyEncoderCacheManager {
+manager_methods!(PyEncoderCacheManager {
     #[new]
     fn new(cache_size: &Bound<'_, PyAny>) -> PyResult<Self> {
         Ok(Self { state: ManagerState::new(EncoderCache::new(count(cache_size, "cache_size")?)) })
     }
 
-    /// vLLM's factory hook: `cls(cache_size)`, so subclasses construct themselves.
-    #[classmethod]
-    #[pyo3(signature = (*, cache_size, vllm_config=None))]
-    fn create_manager<'py>(
-        cls: &Bound<'py, PyType>,
-        cache_size: &Bound<'py, PyAny>,
-        vllm_config: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = vllm_config;
-        cls.call1((cache_size,))
-    }
-
-    fn reset(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let mut state = write(slf)?;
-        state.cache.reset();
-        state.records.clear();
-        Ok(())
-    }
-
+    /// Return True if the item at `input_id` is cached, and record that the
+    /// request uses it there (taking the entry off the eviction list if it was
+    /// unreferenced); False if it is not cached.
+    ///
+    /// Raises IndexError for an input the request does not have, and
+    /// ValueError if the request already holds this input as another item.
     fn check_and_update_cache(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<bool> {
         let input_id = input_index(input_id)?;
         with_input(slf, request, input_id, Needs::HIT, |cache, input| {
@@ -67,10 +51,21 @@ impl PyEncoderCacheManager {
         })
     }
 
+    /// Return the embedding count cached for the item at `input_id`, or None if it is not cached.
     fn get_cached_num_encoder_embeds(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
-        with_input(slf, request, input_index(input_id)?, Needs::IDENTIFIER, |cache, input| Ok(cache.cached_num_embeds(input.identifier()?)))
+        with_input(slf, request, input_index(input_id)?, Needs::IDENTIFIER, |cache, input| {
+            Ok(cache.cached_num_embeds(input.identifier()?))
+        })
     }
 
+    /// Return whether the item at `input_id` fits this step: within
+    /// `encoder_compute_budget`, and in the cache beside the
+    /// `num_embeds_to_schedule` embeddings the step already promised.
+    ///
+    /// Evicts unreferenced entries, oldest release first, when that makes
+    /// room; evicts nothing when even that would not. As in vLLM, the budget
+    /// and count are compared as given: a negative budget fits nothing, a
+    /// negative count adds room.
     fn can_allocate(
         slf: &Bound<'_, Self>,
         request: &Bound<'_, PyAny>,
@@ -83,6 +78,12 @@ impl PyEncoderCacheManager {
         })
     }
 
+    /// Reserve cache space for the item at `input_id`, about to be encoded,
+    /// referenced by the request.
+    ///
+    /// Raises ValueError, changing nothing, if the item is already cached, if
+    /// there is no room (call `can_allocate` first), or if the request holds
+    /// this input as another item.
     fn allocate(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let input_id = input_index(input_id)?;
         with_input(slf, request, input_id, Needs::ALL, |cache, input| {
@@ -90,10 +91,23 @@ impl PyEncoderCacheManager {
         })
     }
 
+    /// Return the input ids the request holds in the cache, as a new set.
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
-        cached_input_set(slf, request)
+        let py = slf.py();
+        let held = with_request_id(slf, request, |cache, id| cache.cached_input_ids(id).map(|held| held.positions().collect::<Vec<_>>()))?;
+        match held {
+            Some(positions) => PySet::new(py, positions),
+            None => PySet::empty(py),
+        }
     }
 
+    /// Drop the request's hold on one input. The request's reference to the
+    /// item goes with its last held occurrence; an entry left unreferenced
+    /// becomes evictable but stays cached until room is needed.
+    ///
+    /// Freeing an input the request does not hold (freed already, or never
+    /// cached) changes nothing, as in vLLM; an input id the request does not
+    /// have raises IndexError.
     fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let input_id = input_index(input_id)?;
         if !with_request_id(slf, request, |cache, id| cache.free_encoder_input(id, input_id))? {
@@ -103,37 +117,22 @@ impl PyEncoderCacheManager {
         Ok(())
     }
 
+    /// Drop every hold the request has (it finished, was aborted or was
+    /// preempted), and forget what was read of it. Freeing a request the
+    /// manager does not know, or one freed already, changes nothing.
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
         with_request_id(slf, request, |cache, id| cache.free(id))?;
         write(slf)?.records.forget(request);
         Ok(())
     }
 
-    fn get_freed_mm_hashes<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-        let freed = write(slf)?.cache.take_freed();
-        key_list(slf.py(), &freed)
-    }
-
-    fn get_manager_metadata(&self) -> Option<Py<PyAny>> {
-        None
-    }
-
-    #[getter]
-    fn cache_size(slf: &Bound<'_, Self>) -> PyResult<u64> {
-        Ok(read(slf)?.cache.cache_size())
-    }
-
-    #[getter]
-    fn num_free_slots(slf: &Bound<'_, Self>) -> PyResult<u64> {
-        Ok(read(slf)?.cache.num_free_slots())
-    }
-
+    /// Slots that are free or held by unreferenced (evictable) entries.
     #[getter]
     fn num_freeable_slots(slf: &Bound<'_, Self>) -> PyResult<u64> {
         Ok(read(slf)?.cache.num_freeable_slots())
     }
 
-    /// Snapshot: identifier -> set of request ids referencing it.
+    /// A snapshot: identifier -> set of the request ids referencing it.
     #[getter]
     fn cached<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
         let (py, state) = (slf.py(), read(slf)?);
@@ -144,7 +143,7 @@ impl PyEncoderCacheManager {
         Ok(dict)
     }
 
-    /// Snapshot: identifier -> embeddings stored.
+    /// A snapshot: identifier -> embeddings cached.
     #[getter]
     fn num_embeds_by_hash<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
         let (py, state) = (slf.py(), read(slf)?);
@@ -155,7 +154,7 @@ impl PyEncoderCacheManager {
         Ok(dict)
     }
 
-    /// Snapshot: unreferenced identifier -> embeddings, oldest release first.
+    /// A snapshot: unreferenced identifier -> embeddings, next eviction first.
     #[getter]
     fn freeable<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
         let (py, state) = (slf.py(), read(slf)?);
@@ -166,7 +165,7 @@ impl PyEncoderCacheManager {
         Ok(dict)
     }
 
-    /// Snapshot: request id -> set of cached input ids.
+    /// A snapshot: request id -> set of the input ids it holds.
     #[getter]
     fn request_cached_ids<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
         let (py, state) = (slf.py(), read(slf)?);
@@ -177,7 +176,7 @@ impl PyEncoderCacheManager {
         Ok(dict)
     }
 
-    /// Snapshot: request id -> identifier -> number of that request's cached inputs holding it.
+    /// A snapshot: request id -> identifier -> how many of the request's held inputs hold it.
     #[getter]
     fn request_hash_refs<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
         let (py, state) = (slf.py(), read(slf)?);
@@ -192,56 +191,11 @@ impl PyEncoderCacheManager {
         Ok(dict)
     }
 
-    /// Snapshot: identifiers evicted since the last `get_freed_mm_hashes()`.
+    /// A snapshot: identifiers evicted since the last `get_freed_mm_hashes()`, in eviction order.
     #[getter]
     fn freed<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
         let (py, state) = (slf.py(), read(slf)?);
         key_list(py, state.cache.freed())
-    }
-
-    // Step-level API: vLLM's per-item scheduler loops as one call per request
-    // per step, over item records read from the request when first needed (see `step`).
-
-    #[pyo3(signature = (
-        request, num_computed_tokens, num_new_tokens, encoder_compute_budget, shift_computed_tokens=0,
-        *, disable_chunked_mm_input=false, has_remote_item=None, on_mismatch=None,
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn try_schedule_encoder_inputs<'py>(
-        slf: &Bound<'py, Self>,
-        request: &Bound<'py, PyAny>,
-        num_computed_tokens: i64,
-        num_new_tokens: i64,
-        encoder_compute_budget: i64,
-        shift_computed_tokens: i64,
-        disable_chunked_mm_input: bool,
-        has_remote_item: Option<&Bound<'py, PyAny>>,
-        on_mismatch: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
-        let args =
-            StepArgs { num_computed_tokens, num_new_tokens, encoder_compute_budget, shift_computed_tokens, disable_chunked_mm_input };
-        step::try_schedule_encoder_inputs(slf, request, args, has_remote_item, on_mismatch)
-    }
-
-    fn allocate_encoder_inputs(
-        slf: &Bound<'_, Self>,
-        request: &Bound<'_, PyAny>,
-        input_ids: Vec<i64>,
-        duplicate_input_ids: Vec<i64>,
-    ) -> PyResult<()> {
-        step::allocate_encoder_inputs(slf, request, input_ids, duplicate_input_ids)
-    }
-
-    fn free_encoder_inputs_before(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, position: i64) -> PyResult<Vec<usize>> {
-        step::with_request(slf, request, |req| req.free_before(&mut write(slf)?.cache, position, false))
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        step::traverse(self, &visit)
-    }
-
-    fn __clear__(slf: &Bound<'_, Self>) {
-        step::clear(slf);
     }
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
@@ -255,69 +209,4 @@ impl PyEncoderCacheManager {
             state.cache.requests().len(),
         ))
     }
-
-    // Reliability: invariant check and state dump/restore (see src/bindings/state.rs).
-
-    /// Raise `encoder_cache.InvariantError` naming the first broken bookkeeping rule.
-    fn check_invariants(slf: &Bound<'_, Self>) -> PyResult<()> {
-        read(slf)?.cache.check_invariants().map_err(invariant_error)
-    }
-
-    /// The whole state as a plain dict (`json.dumps`-able); `restore` takes it back.
-    fn snapshot<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
-        let (py, state) = (slf.py(), read(slf)?);
-        cache_state_to_dict(py, &state.cache.snapshot())
-    }
-
-    /// A manager in the state `snapshot()` gave; ValueError if it breaks an invariant.
-    #[classmethod]
-    fn restore<'py>(cls: &Bound<'py, PyType>, state: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let state = cache_state_from_dict(state)?;
-        let cache = EncoderCache::restore(&state).map_err(|v| PyValueError::new_err(format!("inconsistent state: {v}")))?;
-        let manager = cls.call1((state.cache_size,))?;
-        write(manager.cast::<Self>()?)?.cache = cache;
-        Ok(manager)
-    }
-}
-
-#[allow(non_upper_case_globals)]
-mod fast_methods {
-    use super::*;
-
-    fast_method!(PyEncoderCacheManager, check_and_update_cache, 1, |slf, request, [input_id]| {
-        PyEncoderCacheManager::check_and_update_cache(slf, request, input_id)
-    });
-    fast_method!(PyEncoderCacheManager, can_allocate, 3, |slf, request, [input_id, budget, scheduled]| {
-        PyEncoderCacheManager::can_allocate(slf, request, input_id, budget, scheduled)
-    });
-    // PyO3 returns `()` as None, where `IntoPyObject` would make it an empty tuple.
-    fast_method!(PyEncoderCacheManager, allocate, 1, |slf, request, [input_id]| {
-        PyEncoderCacheManager::allocate(slf, request, input_id).map(|()| slf.py().None())
-    });
-    fast_method!(PyEncoderCacheManager, get_cached_num_encoder_embeds, 1, |slf, request, [input_id]| {
-        PyEncoderCacheManager::get_cached_num_encoder_embeds(slf, request, input_id)
-    });
-    fast_method!(PyEncoderCacheManager, get_cached_input_ids, 0, |slf, request, []| PyEncoderCacheManager::get_cached_input_ids(
-        slf, request
-    ));
-    fast_method!(PyEncoderCacheManager, free_encoder_input, 1, |slf, request, [input_id]| {
-        PyEncoderCacheManager::free_encoder_input(slf, request, input_id).map(|()| slf.py().None())
-    });
-    fast_method!(PyEncoderCacheManager, free, 0, |slf, request, []| PyEncoderCacheManager::free(slf, request).map(|()| slf.py().None()));
-
-    /// The methods vLLM's scheduler calls per item, and per request.
-    pub(crate) const ALL: [&fast::FastMethod; 7] = [
-        &check_and_update_cache,
-        &can_allocate,
-        &allocate,
-        &get_cached_num_encoder_embeds,
-        &get_cached_input_ids,
-        &free_encoder_input,
-        &free,
-    ];
-}
-
-/// Gives the class its fast entries; once, when the module is loaded.
-pub(crate) fn install_fast_methods(cls: &Bound<'_, PyType>) -> PyResult<()> {
-    fast::install(cls, &fast_methods::ALL)
-}
+});

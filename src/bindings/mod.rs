@@ -1,13 +1,26 @@
 //! The PyO3 layer: `encoder_cache._core`. Everything here adapts Python objects
 //! to the pure-Rust core; no bookkeeping decisions are made in this module.
+//!
+//! Modules, each using only those listed before it:
+//! - `errors`: core errors as Python exceptions;
+//! - `request`: reading vLLM-shaped requests, with clear errors;
+//! - `state`: state dumps as plain Python data and back;
+//! - `records`: what a manager has read of each request;
+//! - `shared`: a manager's state and how it is borrowed;
+//! - `calls`, `step`: the per-call and the step-level methods' reads;
+//! - `methods`: the methods both manager classes share;
+//! - `manager`, `encoder_decoder`: the two manager classes;
+//! - `floor`: `_CallFloor`, a benchmark aid.
 
-mod cell;
+mod calls;
 mod encoder_decoder;
-mod fast;
+mod errors;
 mod floor;
 mod manager;
+mod methods;
 mod records;
 mod request;
+mod shared;
 mod state;
 mod step;
 
@@ -29,16 +42,12 @@ fn _panic_for_test() {
     panic!("deliberate panic from encoder_cache._core._panic_for_test");
 }
 
-// gil_used: the managers rely on the GIL to serialise callers (PyO3's borrow
-// flag turns a contended call into RuntimeError); a free-threaded interpreter
-// re-enables the GIL on import rather than run them unserialised.
+// gil_used: the managers rely on the GIL to serialise their callers.
 #[pymodule(gil_used = true)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyEncoderCacheManager>()?;
-    manager::install_fast_methods(&m.py().get_type::<manager::PyEncoderCacheManager>())?;
     m.add_class::<encoder_decoder::PyEncoderDecoderCacheManager>()?;
     m.add_class::<floor::CallFloor>()?;
-    floor::install_fast_methods(&m.py().get_type::<floor::CallFloor>())?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     Ok(())
 }

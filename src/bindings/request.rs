@@ -4,13 +4,13 @@
 //! Every read happens before the manager's state is borrowed, so a request whose
 //! methods raise (or call back into the manager) leaves the state untouched.
 
-use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyIndexError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned())
+    obj.get_type().name().map_or_else(|_| "?".to_owned(), |n| n.to_string())
 }
 
 pub(crate) fn expect_str<'py>(obj: Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyString>> {
@@ -20,8 +20,29 @@ pub(crate) fn expect_str<'py>(obj: Bound<'py, PyAny>, what: &str) -> PyResult<Bo
     }
 }
 
+/// What a request must look like, for errors about one that does not.
+const REQUEST_SHAPE: &str =
+    "a request with `request_id`, `mm_features` and `get_num_encoder_embeds` (vLLM's Request, or encoder_cache.Request)";
+
+/// `request.<name>`; a request without the attribute is a TypeError that says what a request is.
+fn request_attr<'py>(request: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+    request.getattr(name).map_err(|err| {
+        if !err.is_instance_of::<PyAttributeError>(request.py()) {
+            return err;
+        }
+        let shaped = PyTypeError::new_err(format!("expected {REQUEST_SHAPE}, got {} without `{name}`", type_name(request)));
+        shaped.set_cause(request.py(), Some(err));
+        shaped
+    })
+}
+
 pub(crate) fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
-    expect_str(request.getattr(intern!(request.py(), "request_id"))?, "request.request_id")
+    expect_str(request_attr(request, intern!(request.py(), "request_id"))?, "request.request_id")
+}
+
+/// `request.mm_features`.
+pub(crate) fn features<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    request_attr(request, intern!(request.py(), "mm_features"))
 }
 
 /// `input_id` as an index: negative ids are refused rather than counted from the end.
@@ -29,22 +50,20 @@ pub(crate) fn input_index(input_id: i64) -> PyResult<usize> {
     usize::try_from(input_id).map_err(|_| PyIndexError::new_err(format!("input_id must be >= 0, got {input_id}")))
 }
 
-pub(crate) fn num_features(request: &Bound<'_, PyAny>) -> PyResult<usize> {
-    request.getattr(intern!(request.py(), "mm_features"))?.len()
-}
-
 pub(crate) fn feature<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Bound<'py, PyAny>> {
-    let features = request.getattr(intern!(request.py(), "mm_features"))?;
+    let features = features(request)?;
     if let Ok(list) = features.cast::<PyList>() {
         if input_id >= list.len() {
-            return Err(PyIndexError::new_err(format!(
-                "input_id {input_id} out of range: the request has {} multimodal items",
-                list.len()
-            )));
+            return Err(out_of_range(input_id, list.len()));
         }
         return list.get_item(input_id);
     }
     features.get_item(input_id)
+}
+
+/// An input id past the request's items.
+pub(crate) fn out_of_range(input_id: usize, num_items: usize) -> PyErr {
+    PyIndexError::new_err(format!("input_id {input_id} out of range: the request has {num_items} multimodal items"))
 }
 
 pub(crate) fn identifier<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Bound<'py, PyString>> {
@@ -72,6 +91,6 @@ pub(crate) fn count(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 }
 
 pub(crate) fn num_embeds(request: &Bound<'_, PyAny>, input_id: usize) -> PyResult<u64> {
-    let n = request.call_method1(intern!(request.py(), "get_num_encoder_embeds"), (input_id,))?;
+    let n = request_attr(request, intern!(request.py(), "get_num_encoder_embeds"))?.call1((input_id,))?;
     count(&n, "request.get_num_encoder_embeds()")
 }

@@ -9,7 +9,8 @@
 //!   "requests": {request_id: {"inputs": [[input_id, item], ...], "occurrences": {item: int}}},
 //!   "freed": [item, ...]}`
 //! and of an `EncoderDecoderCacheManager` dump:
-//! `{"cache_size": int, "num_free_slots": int, "allocated": [item, ...], "to_free": [item, ...]}`.
+//! `{"cache_size": int, "num_free_slots": int, "held": {request_id: [[input_id, num_embeds], ...]},
+//!   "allocated": [item, ...], "to_free": [item, ...]}`.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -17,18 +18,11 @@ use pyo3::types::{PyDict, PyList, PyString};
 use pyo3::IntoPyObjectExt;
 
 use super::request::count;
-use crate::cache::{CacheState, EntryState, InvariantViolation, RequestState};
+use crate::cache::{CacheState, EntryState, RequestState};
 use crate::encoder_decoder::EncoderDecoderState;
 
-pyo3::import_exception!(encoder_cache.invariants, InvariantError);
-
-/// `check_invariants()`'s error: `encoder_cache.InvariantError` naming the rule.
-pub(crate) fn invariant_error(violation: InvariantViolation) -> PyErr {
-    InvariantError::new_err(violation.to_string())
-}
-
 const CACHE_KEYS: [&str; 7] = ["cache_size", "num_free_slots", "num_freeable_slots", "entries", "freeable", "requests", "freed"];
-const ENCODER_DECODER_KEYS: [&str; 4] = ["cache_size", "num_free_slots", "allocated", "to_free"];
+const ENCODER_DECODER_KEYS: [&str; 5] = ["cache_size", "num_free_slots", "held", "allocated", "to_free"];
 
 pub(crate) fn cache_state_to_dict<'py>(py: Python<'py>, state: &CacheState) -> PyResult<Bound<'py, PyDict>> {
     let entries = PyDict::new(py);
@@ -99,23 +93,35 @@ pub(crate) fn cache_state_from_dict(state: &Bound<'_, PyAny>) -> PyResult<CacheS
 }
 
 pub(crate) fn encoder_decoder_state_to_dict<'py>(py: Python<'py>, state: &EncoderDecoderState) -> PyResult<Bound<'py, PyDict>> {
+    let held = PyDict::new(py);
+    for (request, inputs) in &state.held {
+        let inputs = inputs.iter().map(|(i, n)| pair(py, *i, *n)).collect::<PyResult<Vec<_>>>()?;
+        held.set_item(request, inputs)?;
+    }
     let dict = PyDict::new(py);
     dict.set_item("cache_size", state.cache_size)?;
     dict.set_item("num_free_slots", state.num_free_slots)?;
+    dict.set_item("held", held)?;
     dict.set_item("allocated", &state.allocated)?;
     dict.set_item("to_free", &state.to_free)?;
     Ok(dict)
 }
 
 pub(crate) fn encoder_decoder_state_from_dict(state: &Bound<'_, PyAny>) -> PyResult<EncoderDecoderState> {
-    let [cache_size, free, allocated, to_free] = fields(state, &ENCODER_DECODER_KEYS, "state")?;
-    if !free.is_instance_of::<pyo3::types::PyInt>() || free.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(PyTypeError::new_err("state['num_free_slots'] must be int"));
+    let [cache_size, num_free_slots, held_, allocated, to_free] = fields(state, &ENCODER_DECODER_KEYS, "state")?;
+    let mut held = std::collections::BTreeMap::new();
+    for (request, inputs_) in items(&held_, "state['held']")? {
+        let mut inputs = std::collections::BTreeMap::new();
+        for pair in list(&inputs_, "a request's held inputs")? {
+            let (input_id, n) = two(&pair, "an [input_id, num_embeds] pair")?;
+            inputs.insert(index(&input_id, "an input id")?, count(&n, "a held size")?);
+        }
+        held.insert(string(&request, "a request id")?, inputs);
     }
-    let num_free_slots = free.extract().map_err(|_| PyValueError::new_err("state['num_free_slots'] is out of range"))?;
     Ok(EncoderDecoderState {
         cache_size: count(&cache_size, "state['cache_size']")?,
-        num_free_slots,
+        num_free_slots: count(&num_free_slots, "state['num_free_slots']")?,
+        held,
         allocated: strings(&allocated, "state['allocated']")?,
         to_free: strings(&to_free, "state['to_free']")?,
     })

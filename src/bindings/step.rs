@@ -1,5 +1,7 @@
-//! What the step-level methods share: reading a request's items, keeping
-//! what was read per request, and converting results.
+//! The step-level methods (`try_schedule_encoder_inputs`,
+//! `allocate_encoder_inputs`, `free_encoder_inputs_before`): vLLM's per-item
+//! scheduler loops as one call per request per step, over what the request's
+//! record knows of its items.
 //!
 //! What is read from Python, and when:
 //! - every call: `len(request.mm_features)`;
@@ -11,69 +13,29 @@
 //!   the rest of the records too);
 //! - the rest of an item (`identifier`, `mm_position.get_num_embeds()`,
 //!   `mm_position.is_embed`), once, when a call first needs it: the item is in
-//!   the window of `try_schedule_encoder_inputs` ([`step::window`]), is named in
-//!   `allocate_encoder_inputs`, or is freed by the encoder-decoder manager's
-//!   `free_encoder_inputs_before` (which frees by size). Items a request never
+//!   the window of `try_schedule_encoder_inputs` ([`step::window`]) or is named
+//!   in `allocate_encoder_inputs`. Items a request never
 //!   schedules, such as those its prefix-cache hit already covers, are never
 //!   read, and `get_num_embeds()` (a torch cumsum in vLLM for a masked item)
 //!   runs at most once per item.
 
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
-use pyo3::gc::{PyTraverseError, PyVisit};
+use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::pyclass::boolean_struct::True;
 use pyo3::types::{PyList, PyTuple};
 
-use super::cell::{StateCell, StateMut, StateRef};
-use super::records::{ItemRecords, Name};
-use super::request::{count, expect_str, input_index, request_id};
+use super::records::{RequestId, Slot};
+use super::request::{count, expect_str, features, input_index, request_id};
+use super::shared::{write, Manager};
 use crate::cache::Key;
-use crate::step::{self, Item, Items, Scheduled, StepArgs, StepCache, StepError};
-
-impl From<StepError> for PyErr {
-    fn from(err: StepError) -> PyErr {
-        match err {
-            StepError::EmbedRange { .. } | StepError::InputOutOfRange { .. } => PyIndexError::new_err(err.to_string()),
-            StepError::EncoderDecoderOffset { .. } | StepError::Cache(_) => PyValueError::new_err(err.to_string()),
-            StepError::NotRead { .. } => PyRuntimeError::new_err(err.to_string()),
-        }
-    }
-}
-
-/// What is known of an item: its position from the first sight, the rest once read.
-pub(crate) enum Slot {
-    Position { offset: u64, length: u64 },
-    Read(Box<Item>),
-}
-
-impl Items for [Slot] {
-    fn num_items(&self) -> usize {
-        self.len()
-    }
-
-    fn position(&self, input_id: usize) -> Option<(u64, u64)> {
-        self.get(input_id).map(|slot| match slot {
-            Slot::Position { offset, length } => (*offset, *length),
-            Slot::Read(item) => (item.offset, item.length),
-        })
-    }
-
-    fn item(&self, input_id: usize) -> Result<&Item, StepError> {
-        match self.get(input_id) {
-            Some(Slot::Read(item)) => Ok(item),
-            Some(Slot::Position { .. }) => Err(StepError::NotRead { input_id }),
-            None => Err(StepError::InputOutOfRange { input_id, num_items: self.len() }),
-        }
-    }
-}
+use crate::step::{self, Item, Scheduled, StepArgs, StepCache};
 
 /// A request as the step-level methods see it.
 pub(crate) struct StepRequest<'py> {
     request: Bound<'py, PyAny>,
-    id: Name<'py>,
+    id: RequestId<'py>,
     features: Bound<'py, PyAny>,
     /// The items first seen in this call, from `first_seen` on, as
     /// `(feature, mm_position)`: reading their details needs no new look-up.
@@ -91,10 +53,10 @@ impl<'py> StepRequest<'py> {
     fn read(request: &Bound<'py, PyAny>, take_records: impl FnOnce() -> PyResult<(Option<Key>, Vec<Slot>)>) -> PyResult<Self> {
         let (known_id, mut items) = take_records()?;
         let id = match known_id {
-            Some(key) => Name::Known(key),
-            None => Name::Read(request_id(request)?),
+            Some(key) => RequestId::Recorded(key),
+            None => RequestId::Read(request_id(request)?),
         };
-        let features = request.getattr(intern!(request.py(), "mm_features"))?;
+        let features = features(request)?;
         let num_items = features.len()?;
         if items.len() > num_items {
             items.clear(); // items were removed: start over
@@ -119,13 +81,12 @@ impl<'py> StepRequest<'py> {
                 continue;
             };
             let seen = input_id.checked_sub(self.first_seen).and_then(|i| self.seen.get(i));
-            let (feature, position) = match seen {
-                Some((feature, position)) => (feature.clone(), position.clone()),
-                None => {
-                    let feature = self.features.get_item(input_id)?;
-                    let position = feature.getattr(intern!(feature.py(), "mm_position"))?;
-                    (feature, position)
-                }
+            let (feature, position) = if let Some((feature, position)) = seen {
+                (feature.clone(), position.clone())
+            } else {
+                let feature = self.features.get_item(input_id)?;
+                let position = feature.getattr(intern!(feature.py(), "mm_position"))?;
+                (feature, position)
             };
             self.items[input_id] = Slot::Read(Box::new(read_item(&feature, &position, offset, length)?));
         }
@@ -143,12 +104,6 @@ impl<'py> StepRequest<'py> {
         let (input_ids, repeated) = (index(input_ids)?, index(repeated)?);
         self.load(input_ids.iter().chain(&repeated).copied())?;
         Ok((input_ids, repeated))
-    }
-
-    /// The held inputs [`StepRequest::free_before`] would free: the items to
-    /// [`StepRequest::load`] first for a cache that frees by size.
-    pub(crate) fn to_free<C: StepCache>(&self, cache: &C, position: i64, decoder_started: bool) -> PyResult<Vec<usize>> {
-        Ok(step::inputs_to_free(cache, self.id.arg()?, self.items.as_slice(), position, decoder_started)?)
     }
 
     /// [`step::try_schedule`], asking `has_remote_item(identifier)` when given.
@@ -216,10 +171,7 @@ fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u6
     let mask = if is_embed.is_none() {
         None
     } else {
-        let values = match is_embed.hasattr(intern!(py, "tolist"))? {
-            true => is_embed.call_method0(intern!(py, "tolist"))?,
-            false => is_embed,
-        };
+        let values = if is_embed.hasattr(intern!(py, "tolist"))? { is_embed.call_method0(intern!(py, "tolist"))? } else { is_embed };
         let mask = values.try_iter()?.map(|v| v?.is_truthy()).collect::<PyResult<Vec<bool>>>()?;
         if mask.len() as u64 != length {
             return Err(PyValueError::new_err(format!(
@@ -232,54 +184,8 @@ fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u6
     Ok(Item::new(Arc::from(identifier.to_str()?), offset, length, num_embeds, mask.as_deref()))
 }
 
-/// What a manager class keeps: its cache and its per-request records, which
-/// the step-level methods and the per-call reads (see `records`) both use.
-pub(crate) struct ManagerState<C> {
-    pub(crate) cache: C,
-    pub(crate) records: ItemRecords,
-}
-
-impl<C> ManagerState<C> {
-    pub(crate) fn new(cache: C) -> StateCell<Self> {
-        StateCell::new(Self { cache, records: ItemRecords::default() })
-    }
-}
-
-/// A manager class, frozen for PyO3: its state is in a [`StateCell`].
-pub(crate) trait StepManager: pyo3::PyClass<Frozen = True> + Sync {
-    type Cache: StepCache + Send;
-    fn cell(&self) -> &StateCell<ManagerState<Self::Cache>>;
-}
-
-/// The state of `manager`, to read.
-pub(crate) fn read<'a, M: StepManager>(manager: &'a Bound<'_, M>) -> PyResult<StateRef<'a, ManagerState<M::Cache>>> {
-    manager.get().cell().borrow(manager.py())
-}
-
-/// The state of `manager`, to change.
-pub(crate) fn write<'a, M: StepManager>(manager: &'a Bound<'_, M>) -> PyResult<StateMut<'a, ManagerState<M::Cache>>> {
-    manager.get().cell().borrow_mut(manager.py())
-}
-
-/// `__traverse__` of either manager class: the objects its records hold,
-/// unless a call is changing them (the collector then sees them as held from outside).
-pub(crate) fn traverse<M: StepManager>(manager: &M, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-    match manager.cell().borrow_to_visit(visit) {
-        Some(state) => state.records.traverse(visit),
-        None => Ok(()),
-    }
-}
-
-/// `__clear__` of either manager class: drops the records, which may close a
-/// reference cycle through a request; skipped while a call holds the state.
-pub(crate) fn clear<M: StepManager>(manager: &Bound<'_, M>) {
-    if let Ok(mut state) = write(manager) {
-        state.records.clear();
-    }
-}
-
 /// `try_schedule_encoder_inputs` of either manager class.
-pub(crate) fn try_schedule_encoder_inputs<'py, M: StepManager>(
+pub(crate) fn try_schedule_encoder_inputs<'py, M: Manager>(
     slf: &Bound<'py, M>,
     request: &Bound<'py, PyAny>,
     args: StepArgs,
@@ -294,7 +200,7 @@ pub(crate) fn try_schedule_encoder_inputs<'py, M: StepManager>(
 }
 
 /// `allocate_encoder_inputs` of either manager class.
-pub(crate) fn allocate_encoder_inputs<M: StepManager>(
+pub(crate) fn allocate_encoder_inputs<M: Manager>(
     slf: &Bound<'_, M>,
     request: &Bound<'_, PyAny>,
     input_ids: Vec<i64>,
@@ -306,10 +212,22 @@ pub(crate) fn allocate_encoder_inputs<M: StepManager>(
     })
 }
 
+/// `free_encoder_inputs_before` of either manager class. Under
+/// encoder-decoder rules every held input goes once the request has computed
+/// a token (`request.num_computed_tokens > 0`).
+pub(crate) fn free_encoder_inputs_before<M: Manager>(
+    slf: &Bound<'_, M>,
+    request: &Bound<'_, PyAny>,
+    position: i64,
+) -> PyResult<Vec<usize>> {
+    let decoder_started = M::Cache::ENCODER_DECODER && request.getattr(intern!(request.py(), "num_computed_tokens"))?.extract::<i64>()? > 0;
+    with_request(slf, request, |req| req.free_before(&mut write(slf)?.cache, position, decoder_started))
+}
+
 /// Runs `work` on `request` as read by [`StepRequest::read`], over the
 /// manager's records of it, and gives the records back afterwards, whatever
 /// `work` returned.
-pub(crate) fn with_request<'py, M: StepManager, T>(
+fn with_request<'py, M: Manager, T>(
     slf: &Bound<'py, M>,
     request: &Bound<'py, PyAny>,
     work: impl FnOnce(&mut StepRequest<'py>) -> PyResult<T>,

@@ -3,6 +3,7 @@
 //! target (fuzz/fuzz_targets/core_ops.rs), which only differ in how they
 //! generate operation sequences.
 
+use encoder_cache::cache::{Key, Policy};
 use encoder_cache::step::{allocate_inputs, free_inputs_before, try_schedule};
 use encoder_cache::{EncoderCache, Item, StepArgs, StepError};
 
@@ -52,7 +53,21 @@ pub enum Op {
     Reset,
     /// Replace the cache by one restored from its snapshot.
     Restore,
+    /// Mark waiting request `request` as needing the items in bit mask `items`.
+    Mark {
+        request: u8,
+        items: u8,
+    },
+    Unmark {
+        request: u8,
+    },
+    Resize {
+        size: u64,
+    },
 }
+
+/// Every policy, for the generators to pick from.
+pub const POLICIES: [Policy; 3] = Policy::ALL;
 
 fn item_name(item: u8) -> String {
     format!("item{item}")
@@ -72,10 +87,11 @@ pub fn item_size(item: u8) -> u64 {
 /// per-item operations may have cached other items at those inputs, which the
 /// step must refuse cleanly.
 fn items(request: u8) -> Vec<Item> {
-    (0..INPUTS)
-        .map(|k| {
-            let item = (2 * request + k as u8) % 4;
-            Item::new(item_name(item).into(), 20 * k as u64, item_size(item), item_size(item), None)
+    (0u8..)
+        .take(INPUTS)
+        .map(|input| {
+            let item = (2 * request + input) % 4;
+            Item::new(item_name(item).into(), 20 * u64::from(input), item_size(item), item_size(item), None).with_modality(item % 3)
         })
         .collect()
 }
@@ -84,6 +100,7 @@ fn items(request: u8) -> Vec<Item> {
 /// state exactly as it was, and restoring a snapshot must reproduce it.
 pub fn apply(cache: &mut EncoderCache, op: &Op) -> Result<(), String> {
     let before = cache.snapshot();
+    let policy_before = cache.policy_snapshot();
     let refused = match *op {
         Op::CheckAndUpdate { request, input, item } => {
             cache.check_and_update_cache(&request_name(request), input, &item_name(item)).is_err()
@@ -94,7 +111,7 @@ pub fn apply(cache: &mut EncoderCache, op: &Op) -> Result<(), String> {
         }
         Op::Allocate { request, input, item, size } => {
             let size = size.unwrap_or(item_size(item));
-            cache.allocate(&request_name(request), input, item_name(item).as_str(), size).is_err()
+            cache.allocate_tagged(&request_name(request), input, item_name(item).as_str(), size, item % 3).is_err()
         }
         Op::FreeInput { request, input } => {
             cache.free_encoder_input(&request_name(request), input);
@@ -135,11 +152,23 @@ pub fn apply(cache: &mut EncoderCache, op: &Op) -> Result<(), String> {
             false
         }
         Op::Restore => {
-            *cache = EncoderCache::restore(&before).map_err(|e| format!("a valid snapshot was refused: {e}"))?;
-            cache.snapshot() != before
+            *cache = EncoderCache::restore_with(&before, &policy_before).map_err(|e| format!("a valid snapshot was refused: {e}"))?;
+            cache.snapshot() != before || cache.policy_snapshot() != policy_before
+        }
+        Op::Mark { request, items } => {
+            let identifiers = (0..ITEMS).filter(|k| items & (1 << k) != 0).map(|k| Key::from(item_name(k)));
+            cache.mark_waiting(format!("wait{request}").as_str(), identifiers).is_err()
+        }
+        Op::Unmark { request } => cache.unmark_waiting(format!("wait{request}").as_str()).is_err(),
+        Op::Resize { size } => {
+            let refused = cache.resize(size).is_err();
+            if !refused && cache.cache_size() != size {
+                return Err(format!("resized to {size} but the cache holds {}", cache.cache_size()));
+            }
+            refused
         }
     };
-    if refused && cache.snapshot() != before {
+    if refused && (cache.snapshot() != before || cache.policy_snapshot() != policy_before) {
         return Err(format!("{op:?} was refused or failed but changed the state"));
     }
     cache.check_invariants().map_err(|e| format!("after {op:?}: {e}"))
