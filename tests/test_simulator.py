@@ -287,3 +287,21 @@ def test_decode_stretches_taken_at_once_change_nothing(kind):
     for variant in (Variant(), Variant("vllm", True, "python")):
         fast = simulate(workload, LIMITS, variant).counters
         assert fast == simulate(workload, LIMITS, variant, check=True).counters
+
+
+def test_oracle_future_orders_pending_uses_and_forgets_served_ones():
+    recorder = oracle_module.Recorder()
+    recorder.served("r1", 0, "a", 5)
+    recorder.served("r2", 0, "a", 9)
+    recorder.served("r2", 1, "b", 9)
+    recorder.served("r1", 0, "a", 7)  # served again (after a preemption): the first time counts
+    future = oracle_module.Future(recorder)
+    assert future.next_use("a") == 5 and future.next_use("b") == 9
+    assert future.next_use("c") == float("inf")
+    future.served("r1", 0, "a", 6)
+    assert future.next_use("a") == 9
+    future.needed_again("r1", 0, "a")  # preempted: needed again, as soon as first recorded
+    assert future.next_use("a") == 5
+    future.served("r1", 0, "a", 8)
+    future.served("r2", 0, "a", 9)
+    assert future.next_use("a") == float("inf")

@@ -281,3 +281,11 @@ def test_end_to_end_command(tmp_path):
     assert "At vLLM's default capacity" in run.stdout and "Recommendation:" in run.stdout
     assert run.stdout.splitlines()[-1] == f"plot written to {plot}"
     assert plot.stat().st_size > 0
+
+
+def test_cache_sizes_lists_and_ranges():
+    from encoder_cache.simulator.cli import _sizes
+
+    assert _sizes("8192,2048,8192") == [2048, 8192]
+    assert _sizes("2048:131072:4") == [2048, 8192, 32768, 131072]
+    assert _sizes("1000:4000") == [1000, 2000, 4000]
