@@ -17,7 +17,7 @@ PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $$HOME/.pyenv)
 ABI3_TESTS := tests/test_manager_api.py tests/test_bad_input.py tests/test_differential.py \
 	tests/test_step_differential.py tests/test_seed_regressions.py tests/test_stubs.py
 
-.PHONY: build test lint abi3 simulate bench
+.PHONY: build wheel test lint abi3 simulate bench
 
 $(VENV)/bin/maturin:
 	@echo "creating $(VENV) and installing maturin..."
@@ -25,14 +25,18 @@ $(VENV)/bin/maturin:
 	@$(PIP) install --upgrade pip
 	@$(PIP) install 'maturin>=1.5,<2'
 
-# One release wheel for CPython >= 3.10 (abi3), installed into $(VENV) with the test dependencies.
+# The extension (release, abi3) built into $(VENV) with the test dependencies; the
+# Python sources stay editable. Build output goes to target/build.log unless it fails.
 build: $(VENV)/bin/maturin
 	@echo "building the extension (release; a first build takes 1 to 2.5 minutes)..."
-	@mkdir -p target && rm -rf $(WHEELS)
-	@$(VENV)/bin/maturin build --release --out $(WHEELS) > target/build.log 2>&1 || { cat target/build.log; exit 1; }
-	@$(PIP) install "$$(ls $(WHEELS)/*.whl)[test]"
-	@$(PIP) install --force-reinstall --no-deps $(WHEELS)/*.whl
-	@echo "installed $$(basename $(WHEELS)/*.whl)"
+	@mkdir -p target
+	@$(VENV)/bin/maturin develop --release --extras test > target/build.log 2>&1 || { cat target/build.log; exit 1; }
+	@echo "installed $$($(PY) -c 'import encoder_cache as e, encoder_cache._core as c, os; print(e.__name__, e.__version__, os.path.basename(c.__file__))')"
+
+# The one abi3 wheel, for the other CPythons.
+wheel: build
+	@rm -rf $(WHEELS)
+	@$(VENV)/bin/maturin build --release --out $(WHEELS) >> target/build.log 2>&1 || { cat target/build.log; exit 1; }
 
 lint: build
 	cargo fmt --check
@@ -42,7 +46,7 @@ lint: build
 	$(PY) -m mypy.stubtest encoder_cache._core
 
 # The same wheel, imported and tested on the other CPythons.
-abi3: build
+abi3: wheel
 	@for v in $(OTHER_PYTHONS); do \
 		py=$$(ls -d $(PYENV_ROOT)/versions/$$v.*/bin/python$$v 2>/dev/null | tail -n 1); \
 		[ -n "$$py" ] || py=$$(command -v python$$v); \

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import logging
+import re
 import subprocess
 import sys
 import types
@@ -91,9 +93,15 @@ def _fresh_import(monkeypatch):
     return importlib.import_module("encoder_cache.vllm")
 
 
+EMBED_SIZE = 3584
+
+
 def _config(manager_cls="encoder_cache.vllm.EncoderCacheManager", options=None, enc_dec=False, chunked_mm=True):
     return SimpleNamespace(
-        model_config=SimpleNamespace(is_encoder_decoder=enc_dec),
+        # Qwen2-VL-7B's shape: 3,584-wide embeddings in bfloat16, 7,168 bytes each.
+        model_config=SimpleNamespace(
+            is_encoder_decoder=enc_dec, get_inputs_embeds_size=lambda: EMBED_SIZE, dtype=SimpleNamespace(itemsize=2)
+        ),
         scheduler_config=SimpleNamespace(disable_chunked_mm_input=not chunked_mm),
         ec_manager_config=SimpleNamespace(encoder_cache_manager_cls=manager_cls, manager_config=options or {}),
     )
@@ -189,11 +197,81 @@ def test_hook_without_a_config_builds_the_plain_manager(monkeypatch):
     assert isinstance(hook.EncoderCacheManager.create_manager(cache_size=4), encoder_cache.EncoderCacheManager)
 
 
-def test_hook_rejects_manager_config_options_and_names_them(monkeypatch):
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"eviction": "lru", "capacity": 3},
+            "unknown manager_config key 'capacity'; the keys are cache_size, cache_gib",
+        ),
+        ({"cache_size": 10, "cache_gib": 1}, "cache_size or cache_gib, not both"),
+        ({"cache_size": 0}, "cache_size must be a positive int"),
+        ({"cache_size": True}, "cache_size must be a positive int"),
+        ({"cache_size": 1.5}, "cache_size must be a positive int"),
+        ({"cache_gib": -1}, "cache_gib must be a positive number"),
+        ({"cache_gib": float("nan")}, "cache_gib must be a positive number"),
+        ({"cache_gib": "1"}, "cache_gib must be a positive number"),
+        ({"policy": "lru"}, "policy must be one of vllm, gdsf, s3fifo, got 'lru'"),
+        ({"lookahead": "yes"}, "lookahead must be true or false"),
+        ({"log_stats_interval": -1}, "log_stats_interval must be a number of seconds >= 0"),
+        ({"log_stats_interval": float("inf")}, "log_stats_interval must be a number of seconds >= 0"),
+    ],
+)
+def test_hook_refuses_bad_manager_config_naming_the_key(monkeypatch, options, message):
     hook = _install_vllm(monkeypatch)
-    config = _config(options={"eviction": "lru", "capacity": 3})
-    with pytest.raises(ValueError, match=r"takes no manager_config options, got \['capacity', 'eviction'\]"):
-        hook.EncoderCacheManager.create_manager(cache_size=4, vllm_config=config)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        hook.EncoderCacheManager.create_manager(cache_size=4, vllm_config=_config(options=options))
+
+
+def test_hook_takes_every_option(monkeypatch, caplog):
+    hook = _install_vllm(monkeypatch)
+    create = hook.EncoderCacheManager.create_manager
+    default = create(cache_size=2048, vllm_config=_config())
+    assert (default.cache_size, default.policy, default.lookahead) == (2048, "vllm", False)
+    options = {"cache_size": 32768, "policy": "gdsf", "lookahead": True, "log_stats_interval": 0}
+    with caplog.at_level(logging.INFO, logger="vllm.encoder_cache"):
+        manager = create(cache_size=2048, vllm_config=_config(options=options))
+    assert (manager.cache_size, manager.policy, manager.lookahead) == (32768, "gdsf", True)
+    assert type(manager) is hook.EncoderCacheManager, "no stats logging with log_stats_interval 0"
+    logged = caplog.text
+    assert "32768 embeddings (0.22 GiB at 7168 bytes each), policy gdsf, lookahead on" in logged
+    extra = (32768 - 2048) * 7168
+    assert f"{extra / 2**30:.2f} GiB more than the 2048 embeddings" in logged
+    assert "lower --gpu-memory-utilization" in logged
+    by_gib = create(cache_size=2048, vllm_config=_config(options={"cache_gib": 0.5}))
+    assert by_gib.cache_size == 2**29 // 7168
+
+
+def test_hook_logs_the_counters_every_interval(monkeypatch, caplog):
+    hook = _install_vllm(monkeypatch)
+    clock = [100.0]
+    monkeypatch.setattr(hook.time, "monotonic", lambda: clock[0])
+    manager = hook.EncoderCacheManager.create_manager(
+        cache_size=64, vllm_config=_config(options={"log_stats_interval": 30})
+    )
+    request = _request("r", [("img", 0, 8), ("img", 10, 8)])
+    with caplog.at_level(logging.INFO, logger="vllm.encoder_cache"):
+        manager.get_freed_mm_hashes()  # the first step starts the interval
+        manager.allocate(request, 0)
+        manager.check_and_update_cache(request, 1)
+        clock[0] += 29
+        manager.get_freed_mm_hashes()
+        assert "hit rate" not in caplog.text
+        clock[0] += 2
+        manager.get_freed_mm_hashes()
+    assert "encoder cache: hit rate 50.0% (1 hits, 1 misses), 0 re-encodes" in caplog.text
+
+
+def test_hook_refuses_policy_options_for_an_encoder_decoder_model(monkeypatch):
+    hook = _install_vllm(monkeypatch)
+    with pytest.raises(ValueError, match="encoder-decoder model"):
+        hook.EncoderCacheManager.create_manager(
+            cache_size=4, vllm_config=_config(options={"policy": "gdsf"}, enc_dec=True)
+        )
+    sized = hook.EncoderCacheManager.create_manager(
+        cache_size=4, vllm_config=_config(options={"cache_size": 9}, enc_dec=True)
+    )
+    assert type(sized) is encoder_cache.EncoderDecoderCacheManager and sized.cache_size == 9
 
 
 def test_hook_keeps_the_rust_managers_input_checks(monkeypatch):

@@ -8,7 +8,7 @@ holds the pure-Python implementation they are checked and measured against.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from encoder_cache._core import EncoderCacheManager, EncoderDecoderCacheManager
+from encoder_cache._core import POLICIES, EncoderCacheManager, EncoderDecoderCacheManager
 from encoder_cache.budget import SchedulerConfig, compute_mm_encoder_budget
 from encoder_cache.invariants import InvariantError
 from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
@@ -19,6 +19,7 @@ except PackageNotFoundError:  # imported from a source tree without installing
     __version__ = "0+unknown"
 
 __all__ = [
+    "POLICIES",
     "EncoderCacheManager",
     "EncoderDecoderCacheManager",
     "InvariantError",

@@ -32,17 +32,22 @@ _StepResult = tuple[list[int], int, int, list[int], list[int]]
 # (request, input_id, identifier, cached_num_embeds, requested_num_embeds)
 _OnMismatch = Callable[[Any, int, str, int, int], object]
 
-__all__ = ["EncoderCacheManager", "EncoderDecoderCacheManager", "_CallFloor", "_panic_for_test"]
+#: The eviction policies' names, the default first.
+POLICIES: tuple[str, ...]
+
+__all__ = ["POLICIES", "EncoderCacheManager", "EncoderDecoderCacheManager", "_CallFloor", "_panic_for_test"]
 
 @disjoint_base
 class EncoderCacheManager:
     """The encoder cache of a multimodal model, with vLLM 0.33's API: which items
     (by content hash) are cached, which requests reference them, which
     unreferenced entries may be evicted, and which evictions the workers must
-    hear about. `cache_size` is counted in encoder embeddings.
+    hear about. `cache_size` is counted in encoder embeddings; `policy` (one of
+    `encoder_cache.POLICIES`) chooses which unreferenced entry goes first, and
+    the default, "vllm", makes exactly vLLM 0.33's choices.
     """
 
-    def __new__(cls, cache_size: int) -> Self: ...
+    def __new__(cls, cache_size: int, *, policy: str = "vllm") -> Self: ...
     def check_and_update_cache(self, request: _Request, input_id: int) -> bool:
         """Return True if the item at `input_id` is cached, and record that the
         request uses it there (taking the entry off the eviction list if it was
@@ -60,7 +65,7 @@ class EncoderCacheManager:
         `encoder_compute_budget`, and in the cache beside the
         `num_embeds_to_schedule` embeddings the step already promised.
 
-        Evicts unreferenced entries, oldest release first, when that makes
+        Evicts unreferenced entries in the policy's order when that makes
         room; evicts nothing when even that would not. As in vLLM, the budget
         and count are compared as given: a negative budget fits nothing, a
         negative count adds room.
@@ -164,6 +169,33 @@ class EncoderCacheManager:
         Raises TypeError or ValueError for a malformed dump, and ValueError
         for one that breaks a bookkeeping rule.
         """
+    @property
+    def policy(self) -> str:
+        """The eviction policy's name, one of `encoder_cache.POLICIES`."""
+    def mark_waiting(self, request: _Request) -> None:
+        """Record that `request`, waiting to be scheduled, will need its items:
+        until `unmark_waiting(request)`, an unreferenced entry it needs is
+        evicted only after every unreferenced entry no waiting request needs.
+
+        Marks apply to items not cached yet too. Raises ValueError, changing
+        nothing, if the request is marked already.
+        """
+    def unmark_waiting(self, request: _Request) -> None:
+        """Drop `request`'s waiting mark (it was scheduled, aborted or finished).
+        Raises ValueError, changing nothing, if it has none.
+        """
+    def stats(self) -> dict[str, Any]:
+        """Return the counters since construction or `reset_stats()`, and the cache's fill.
+
+        Keys: `hits`, `misses`, `hit_embeds`, `miss_embeds` (one hit or miss
+        per item a request acquires: a hit takes a cached entry, a miss
+        allocates one to encode), `evictions`, `evicted_embeds`, `reencodes`
+        and `reencode_embeds` (misses on items this manager evicted earlier),
+        `entries`, `used_embeds`, `freeable_embeds`, and `by_modality`: the
+        counters per `mm_features[i].modality` ("unknown" without one).
+        """
+    def reset_stats(self) -> None:
+        """Zero the counters `stats()` reports; the cache's contents stay."""
     @property
     def num_freeable_slots(self) -> int:
         """Slots that are free or held by unreferenced (evictable) entries."""

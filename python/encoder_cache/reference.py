@@ -425,25 +425,31 @@ class EncoderCacheManager:
         """The whole state as a plain dict, in the Rust managers' shape.
 
         ``freeable`` lists the unreferenced entries in the policy's order, the
-        ones no waiting request needs first; each entry carries the policy's
-        ``frequency`` and ``rank`` and its ``modality``; ``waiting`` holds the
-        lookahead marks. Counters (``stats()``) are not part of the state."""
+        ones no waiting request needs first. The policy's part of the state is
+        listed only where it differs from a fresh ``"vllm"`` manager's, so a
+        vLLM-rule snapshot keeps vLLM's shape: ``"policy"``, ``"clock"`` (GDSF)
+        and ``"waiting"`` (lookahead marks: request id -> its distinct
+        identifiers) at the top; per entry ``"frequency"`` (acquisitions since
+        allocation, when not 1 and the policy reads it) and ``"rank"`` (GDSF
+        priority or S3-FIFO hit credit, when not 0). Counters (``stats()``) and
+        entries' modalities are metrics, not state: a restored manager counts
+        later events on its earlier entries under ``"unknown"``."""
         policy = self._policy
+        frequencies = policy.name != "vllm"
         requests = sorted(self.request_inputs.keys() | self.request_hash_refs.keys())
-        return {
+        entries = {}
+        for item, referrers in sorted(self.cached.items()):
+            entry: dict[str, Any] = {"num_embeds": self.num_embeds_by_hash[item], "referrers": sorted(referrers)}
+            if frequencies and policy.frequency[item] != 1:
+                entry["frequency"] = policy.frequency[item]
+            if policy.rank(item) != 0.0:
+                entry["rank"] = policy.rank(item)
+            entries[item] = entry
+        state: dict[str, Any] = {
             "cache_size": self.cache_size,
             "num_free_slots": self.num_free_slots,
             "num_freeable_slots": self.num_freeable_slots,
-            "entries": {
-                item: {
-                    "num_embeds": self.num_embeds_by_hash[item],
-                    "referrers": sorted(referrers),
-                    "frequency": policy.frequency[item],
-                    "rank": policy.rank(item),
-                    "modality": self.modality[item],
-                }
-                for item, referrers in sorted(self.cached.items())
-            },
+            "entries": entries,
             "freeable": [[item, self.freeable[item]] for tier in (0, 1) for item in policy.order(tier)],
             "requests": {
                 request_id: {
@@ -453,10 +459,14 @@ class EncoderCacheManager:
                 for request_id in requests
             },
             "freed": list(self.freed),
-            "policy": policy.name,
-            "clock": policy.clock,
-            "waiting": {request_id: list(items) for request_id, items in sorted(self.waiting.items())},
         }
+        if policy.name != "vllm":
+            state["policy"] = policy.name
+        if policy.clock != 0.0:
+            state["clock"] = policy.clock
+        if self.waiting:
+            state["waiting"] = {request_id: list(items) for request_id, items in sorted(self.waiting.items())}
+        return state
 
     @classmethod
     def restore(cls, state: Any) -> EncoderCacheManager:
@@ -474,7 +484,7 @@ class EncoderCacheManager:
         for item, entry in state["entries"].items():
             manager.cached[item] = set(entry["referrers"])
             manager.num_embeds_by_hash[item] = entry["num_embeds"]
-            manager.modality[item] = entry["modality"]
+            manager.modality[item] = "unknown"
             policy.admitted(item, entry["num_embeds"])
             policy.frequency[item] = entry["frequency"]
         for request_id, items in state["waiting"].items():
@@ -667,6 +677,8 @@ class EncoderDecoderCacheManager(EncoderCacheManager):
 
     @property
     def cache_size(self) -> int:
+        """The capacity in embeddings. Assigning resizes: ValueError, changing
+        nothing, below what the held inputs take."""
         return self._cache_size
 
     @cache_size.setter
@@ -680,6 +692,11 @@ class EncoderDecoderCacheManager(EncoderCacheManager):
             )
         self.num_free_slots = value - used
         self._cache_size = value
+
+    @property
+    def policy(self) -> str:
+        """Always ``"vllm"``: nothing is shared, so nothing is evicted."""
+        return "vllm"
 
     def reset(self) -> None:
         self.num_free_slots = self._cache_size

@@ -19,7 +19,11 @@ that version at your own risk.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import encoder_cache._core as _core
@@ -54,33 +58,166 @@ _check_vllm()
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler  # noqa: E402
 
-__all__ = ["SUPPORTED_SERIES", "VERSION_OVERRIDE_ENV", "AsyncScheduler", "EncoderCacheManager", "Scheduler"]
+__all__ = [
+    "OPTION_KEYS",
+    "SUPPORTED_SERIES",
+    "VERSION_OVERRIDE_ENV",
+    "AsyncScheduler",
+    "EncoderCacheManager",
+    "ManagerOptions",
+    "Scheduler",
+]
+
+
+#: The ``manager_config`` keys ``EncoderCacheManager`` takes (see ``ManagerOptions``).
+OPTION_KEYS = ("cache_size", "cache_gib", "policy", "lookahead", "log_stats_interval")
+
+# A child of vLLM's "vllm" logger, so its lines go where vLLM's own go.
+_logger = logging.getLogger("vllm.encoder_cache")
+
+
+@dataclass(frozen=True)
+class ManagerOptions:
+    """``ec_manager_config.manager_config``, checked.
+
+    - ``cache_size``: capacity in encoder embeddings, or ``cache_gib``: in GiB
+      of encoder outputs (converted with the model's embedding size and dtype);
+      at most one of them; neither keeps vLLM's size.
+    - ``policy``: a name from ``encoder_cache.POLICIES`` (default ``"vllm"``).
+    - ``lookahead``: the scheduler subclasses mark the items of waiting
+      requests, which are then evicted last (default False).
+    - ``log_stats_interval``: seconds between the cache's log lines (hits,
+      misses, re-encodes, evictions); 0 turns them off (default 60).
+    """
+
+    cache_size: int | None = None
+    cache_gib: float | None = None
+    policy: str = "vllm"
+    lookahead: bool = False
+    log_stats_interval: float = 60.0
+
+    @classmethod
+    def parse(cls, options: Any) -> ManagerOptions:
+        """The options in ``options``; ValueError naming the key for anything else."""
+        if not isinstance(options, dict):
+            raise ValueError(f"manager_config must be a dict, got {type(options).__name__}")
+        unknown = sorted(set(options) - set(OPTION_KEYS))
+        if unknown:
+            raise ValueError(f"unknown manager_config key {unknown[0]!r}; the keys are {', '.join(OPTION_KEYS)}")
+        if "cache_size" in options and "cache_gib" in options:
+            raise ValueError("manager_config takes cache_size or cache_gib, not both")
+        size = options.get("cache_size")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+            raise ValueError(f"manager_config cache_size must be a positive int (embeddings), got {size!r}")
+        gib = options.get("cache_gib")
+        if gib is not None and (isinstance(gib, bool) or not isinstance(gib, (int, float)) or not 0 < gib < math.inf):
+            raise ValueError(f"manager_config cache_gib must be a positive number (GiB), got {gib!r}")
+        policy = options.get("policy", "vllm")
+        if policy not in _core.POLICIES:
+            raise ValueError(f"manager_config policy must be one of {', '.join(_core.POLICIES)}, got {policy!r}")
+        lookahead = options.get("lookahead", False)
+        if not isinstance(lookahead, bool):
+            raise ValueError(f"manager_config lookahead must be true or false, got {lookahead!r}")
+        interval = options.get("log_stats_interval", 60.0)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < math.inf:
+            raise ValueError(f"manager_config log_stats_interval must be a number of seconds >= 0, got {interval!r}")
+        return cls(size, None if gib is None else float(gib), policy, lookahead, float(interval))
+
+
+def embed_bytes(vllm_config: Any) -> int:
+    """Bytes one encoder embedding takes on the GPU: the model's embedding size times its dtype's."""
+    model = vllm_config.model_config
+    return int(model.get_inputs_embeds_size()) * int(model.dtype.itemsize)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
 
 
 class EncoderCacheManager(_core.EncoderCacheManager):
     """The class to name in ``ec_manager_config.encoder_cache_manager_cls``.
 
-    It is the Rust ``encoder_cache.EncoderCacheManager``; ``create_manager``
-    returns the Rust ``EncoderDecoderCacheManager`` instead when the model is
-    encoder-decoder, as vLLM does for its own classes. It has no options:
-    ``manager_config`` must be empty.
+    It is the Rust ``encoder_cache.EncoderCacheManager``, configured from
+    ``manager_config`` (``ManagerOptions``); ``create_manager`` returns the
+    Rust ``EncoderDecoderCacheManager`` instead when the model is
+    encoder-decoder, as vLLM does for its own classes.
     """
 
-    __slots__ = ()
+    #: Whether the scheduler subclasses mark waiting requests' items (``lookahead``).
+    lookahead: bool = False
 
     @classmethod
     def create_manager(cls, *, cache_size: int, vllm_config: Any = None) -> Any:
         if vllm_config is None:
             return cls(cache_size)
-        options = vllm_config.ec_manager_config.manager_config
-        if options:
-            raise ValueError(
-                f"{cls.__module__}.{cls.__qualname__} takes no manager_config options, got {sorted(options)!r}; "
-                "pass an empty manager_config"
-            )
+        options = ManagerOptions.parse(vllm_config.ec_manager_config.manager_config)
+        per_embed = embed_bytes(vllm_config)
+        size = cache_size
+        if options.cache_size is not None:
+            size = options.cache_size
+        elif options.cache_gib is not None:
+            size = max(1, int(options.cache_gib * 2**30 // per_embed))
         if vllm_config.model_config.is_encoder_decoder:
-            return _core.EncoderDecoderCacheManager(cache_size)
-        return cls(cache_size)
+            if options.policy != "vllm" or options.lookahead:
+                raise ValueError(
+                    "manager_config policy and lookahead apply to models whose encoder outputs are shared; "
+                    "an encoder-decoder model's are not: leave them out"
+                )
+            return _core.EncoderDecoderCacheManager(size)
+        manager = (_StatsLoggingManager if options.log_stats_interval > 0 else cls)(size, policy=options.policy)
+        manager.lookahead = options.lookahead
+        if options.log_stats_interval > 0:
+            manager.log_stats_interval = options.log_stats_interval
+        _log_capacity(size, cache_size, per_embed, options)
+        return manager
+
+
+class _StatsLoggingManager(EncoderCacheManager):
+    """``EncoderCacheManager`` that logs its counters every ``log_stats_interval`` seconds,
+    checked once per scheduler step (when the scheduler collects the step's evictions)."""
+
+    log_stats_interval: float = 60.0
+    _next_log: float = 0.0
+
+    def get_freed_mm_hashes(self) -> list[str]:
+        now = time.monotonic()
+        if now >= self._next_log:
+            if self._next_log:
+                _logger.info("%s", stats_line(self.stats()))
+            self._next_log = now + self.log_stats_interval
+        return super().get_freed_mm_hashes()
+
+
+def stats_line(stats: dict[str, Any]) -> str:
+    """One log line of ``manager.stats()``."""
+    looked_up = stats["hits"] + stats["misses"]
+    hit_rate = f"{stats['hits'] / looked_up:.1%}" if looked_up else "n/a"
+    return (
+        f"encoder cache: hit rate {hit_rate} ({stats['hits']} hits, {stats['misses']} misses), "
+        f"{stats['reencodes']} re-encodes ({stats['reencode_embeds']} embeddings), "
+        f"{stats['evictions']} evictions, {stats['entries']} entries using {stats['used_embeds']} embeddings"
+    )
+
+
+def _log_capacity(size: int, vllm_size: int, per_embed: int, options: ManagerOptions) -> None:
+    _logger.info(
+        "encoder cache: %d embeddings (%s at %d bytes each), policy %s, lookahead %s",
+        size,
+        _gib(size * per_embed),
+        per_embed,
+        options.policy,
+        "on" if options.lookahead else "off",
+    )
+    extra = (size - vllm_size) * per_embed
+    if extra > 0:
+        _logger.warning(
+            "encoder cache: %s more than the %d embeddings (%s) vLLM planned GPU memory for; lower "
+            "--gpu-memory-utilization by that share of the GPU's memory (for example %.3f on an 80 GiB GPU)",
+            _gib(extra),
+            vllm_size,
+            _gib(vllm_size * per_embed),
+            extra / (80 * 2**30),
+        )
 
 
 class _StepLevelEncoderInputs:
@@ -107,6 +244,29 @@ class _StepLevelEncoderInputs:
         self.encoder_cache_manager = EncoderCacheManager.create_manager(
             cache_size=manager.cache_size, vllm_config=self.vllm_config
         )
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self.encoder_cache_manager, "lookahead", False):
+            self._mark_waiting_requests()
+        return super().schedule(*args, **kwargs)
+
+    def _mark_waiting_requests(self) -> None:
+        """Keeps the manager's lookahead marks equal to the waiting queue's
+        requests with encoder inputs (new, and preempted ones put back),
+        before the step's evictions: O(waiting requests) per step."""
+        manager = self.encoder_cache_manager
+        marked: dict[str, Any] = self.__dict__.setdefault("_waiting_marks", {})
+        waiting = {}
+        for queue in (self.waiting, getattr(self, "kv_holding_waiting", ())):
+            for request in queue:
+                if request.mm_features:
+                    waiting[request.request_id] = request
+        for request_id in [r for r in marked if waiting.get(r) is not marked[r]]:
+            manager.unmark_waiting(marked.pop(request_id))
+        for request_id, request in waiting.items():
+            if request_id not in marked:
+                manager.mark_waiting(request)
+                marked[request_id] = request
 
     def _try_schedule_encoder_inputs(
         self,

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 
 use super::records::{Records, RequestId, RequestRecord};
-use super::request::{feature, identifier_of, num_embeds, request_id};
+use super::request::{feature, identifier_of, modality_of, num_embeds, request_id};
 use super::shared::{write, Manager, ManagerState};
 use crate::cache::{Key, KeyArg};
 
@@ -37,17 +37,18 @@ pub(crate) struct Needs {
     request_id: IdRead,
     identifier: bool,
     num_embeds: bool,
+    modality: bool,
 }
 
 impl Needs {
     /// `check_and_update_cache`.
-    pub(crate) const HIT: Self = Self { request_id: IdRead::Always, identifier: true, num_embeds: false };
+    pub(crate) const HIT: Self = Self { request_id: IdRead::Always, identifier: true, num_embeds: false, modality: false };
     /// `can_allocate`: vLLM reads the size alone.
-    pub(crate) const SIZE: Self = Self { request_id: IdRead::ForRecords, identifier: false, num_embeds: true };
-    /// `allocate`.
-    pub(crate) const ALL: Self = Self { request_id: IdRead::Always, identifier: true, num_embeds: true };
+    pub(crate) const SIZE: Self = Self { request_id: IdRead::ForRecords, identifier: false, num_embeds: true, modality: false };
+    /// `allocate`: the modality too, which the item's statistics are counted under.
+    pub(crate) const ALL: Self = Self { request_id: IdRead::Always, identifier: true, num_embeds: true, modality: true };
     /// `get_cached_num_encoder_embeds`.
-    pub(crate) const IDENTIFIER: Self = Self { request_id: IdRead::Never, identifier: true, num_embeds: false };
+    pub(crate) const IDENTIFIER: Self = Self { request_id: IdRead::Never, identifier: true, num_embeds: false, modality: false };
 }
 
 /// One input as a per-call method sees it: what its [`Needs`] asked for,
@@ -57,6 +58,7 @@ pub(crate) struct Input<'a> {
     request_id: Option<KeyArg<'a>>,
     identifier: Option<&'a Key>,
     num_embeds: Option<u64>,
+    modality: Option<u8>,
 }
 
 /// Asking for what the method's `Needs` left out: a bug, reported rather than panicked on.
@@ -77,6 +79,10 @@ impl<'a> Input<'a> {
         self.num_embeds.ok_or_else(|| not_read("get_num_encoder_embeds"))
     }
 
+    pub(crate) fn modality(&self) -> PyResult<u8> {
+        self.modality.ok_or_else(|| not_read("modality"))
+    }
+
     /// Input `input_id` as `record` knows it, read from `feature`.
     fn recorded(record: Option<&'a RequestRecord>, input_id: usize, feature: &Bound<'_, PyAny>) -> Self {
         let input = record.and_then(|record| record.input(input_id, feature));
@@ -84,6 +90,7 @@ impl<'a> Input<'a> {
             request_id: record.map(|record| KeyArg::from(&record.id)),
             identifier: input.and_then(|input| input.identifier.as_ref()),
             num_embeds: input.and_then(|input| input.num_embeds),
+            modality: input.and_then(|input| input.modality),
         }
     }
 
@@ -91,6 +98,7 @@ impl<'a> Input<'a> {
         (needs.request_id != IdRead::Always || self.request_id.is_some())
             && (!needs.identifier || self.identifier.is_some())
             && (!needs.num_embeds || self.num_embeds.is_some())
+            && (!needs.modality || self.modality.is_some())
     }
 
     /// What of `needs` is left to read: the request id only if it is not here.
@@ -99,6 +107,7 @@ impl<'a> Input<'a> {
             request_id: if self.request_id.is_some() { IdRead::Never } else { needs.request_id },
             identifier: needs.identifier && self.identifier.is_none(),
             num_embeds: needs.num_embeds && self.num_embeds.is_none(),
+            modality: needs.modality && self.modality.is_none(),
         }
     }
 }
@@ -109,6 +118,7 @@ struct CallReads<'py> {
     request_id: Option<Bound<'py, PyString>>,
     identifier: Option<Key>,
     num_embeds: Option<u64>,
+    modality: Option<u8>,
 }
 
 impl<'py> CallReads<'py> {
@@ -135,12 +145,15 @@ impl<'py> CallReads<'py> {
         if needs.num_embeds && self.num_embeds.is_none() {
             self.num_embeds = Some(num_embeds(request, input_id)?);
         }
+        if needs.modality && self.modality.is_none() {
+            self.modality = Some(modality_of(feature)?);
+        }
         Ok(())
     }
 
     fn input(&self) -> PyResult<Input<'_>> {
         let request_id = self.request_id.as_ref().map(|id| id.to_str().map(KeyArg::from)).transpose()?;
-        Ok(Input { request_id, identifier: self.identifier.as_ref(), num_embeds: self.num_embeds })
+        Ok(Input { request_id, identifier: self.identifier.as_ref(), num_embeds: self.num_embeds, modality: self.modality })
     }
 
     /// Moves what this call read into `request`'s record (creating it when
@@ -164,6 +177,7 @@ impl<'py> CallReads<'py> {
         // Moved, not copied: a call that finds the record incomplete afterwards reads again.
         input.identifier = input.identifier.take().or_else(|| self.identifier.take());
         input.num_embeds = input.num_embeds.or(self.num_embeds);
+        input.modality = input.modality.or(self.modality);
         Ok(Some(record))
     }
 }

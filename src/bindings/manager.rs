@@ -1,5 +1,6 @@
 //! `EncoderCacheManager`: vLLM 0.33's Python API over [`EncoderCache`].
 
+use pyo3::exceptions::PyValueError;
 use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
@@ -7,14 +8,17 @@ use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 use super::calls::{with_input, with_request_id, Needs};
 use super::key_list;
 use super::methods::manager_methods;
-use super::request::{count, identifier, input_index};
+use super::modality;
+use super::request::{count, features, identifier, identifier_of, input_index, request_id};
 use super::shared::{read, write, Manager, ManagerState};
-use crate::cache::EncoderCache;
+use crate::cache::{Counters, EncoderCache, Key, Policy};
 
 /// The encoder cache of a multimodal model, with vLLM 0.33's API: which items
 /// (by content hash) are cached, which requests reference them, which
 /// unreferenced entries may be evicted, and which evictions the workers must
-/// hear about. `cache_size` is counted in encoder embeddings.
+/// hear about. `cache_size` is counted in encoder embeddings; `policy` (one of
+/// `encoder_cache.POLICIES`) chooses which unreferenced entry goes first, and
+/// the default, "vllm", makes exactly vLLM 0.33's choices.
 #[pyclass(module = "encoder_cache._core", name = "EncoderCacheManager", subclass)]
 pub struct PyEncoderCacheManager {
     state: ManagerState<EncoderCache>,
@@ -34,8 +38,78 @@ impl Manager for PyEncoderCacheManager {
 
 manager_methods!(PyEncoderCacheManager {
     #[new]
-    fn new(cache_size: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Self { state: ManagerState::new(EncoderCache::new(count(cache_size, "cache_size")?)) })
+    #[pyo3(signature = (cache_size, *, policy = "vllm"))]
+    fn new(cache_size: &Bound<'_, PyAny>, policy: &str) -> PyResult<Self> {
+        let cache_size = count(cache_size, "cache_size")?;
+        let policy = Policy::from_name(policy).ok_or_else(|| {
+            PyValueError::new_err(format!("policy must be one of {}, got {policy:?}", Policy::NAMES.join(", ")))
+        })?;
+        Ok(Self { state: ManagerState::new(EncoderCache::with_policy(cache_size, policy)) })
+    }
+
+    /// The eviction policy's name, one of `encoder_cache.POLICIES`.
+    #[getter]
+    fn policy(slf: &Bound<'_, Self>) -> PyResult<&'static str> {
+        Ok(read(slf)?.cache.policy().name())
+    }
+
+    /// Record that `request`, waiting to be scheduled, will need its items:
+    /// until `unmark_waiting(request)`, an unreferenced entry it needs is
+    /// evicted only after every unreferenced entry no waiting request needs.
+    ///
+    /// Marks apply to items not cached yet too. Raises ValueError, changing
+    /// nothing, if the request is marked already.
+    fn mark_waiting(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = request_id(request)?;
+        let identifiers = features(request)?
+            .try_iter()?
+            .map(|feature| Ok(Key::from(identifier_of(&feature?)?.to_str()?)))
+            .collect::<PyResult<Vec<Key>>>()?;
+        Ok(write(slf)?.cache.mark_waiting(id.to_str()?, identifiers)?)
+    }
+
+    /// Drop `request`'s waiting mark (it was scheduled, aborted or finished).
+    /// Raises ValueError, changing nothing, if it has none.
+    fn unmark_waiting(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        Ok(with_request_id(slf, request, |cache, id| cache.unmark_waiting(id))??)
+    }
+
+    /// Return the counters since construction or `reset_stats()`, and the cache's fill.
+    ///
+    /// Keys: `hits`, `misses`, `hit_embeds`, `miss_embeds` (one hit or miss
+    /// per item a request acquires: a hit takes a cached entry, a miss
+    /// allocates one to encode), `evictions`, `evicted_embeds`, `reencodes`
+    /// and `reencode_embeds` (misses on items this manager evicted earlier),
+    /// `entries`, `used_embeds`, `freeable_embeds`, and `by_modality`: the
+    /// counters per `mm_features[i].modality` ("unknown" without one).
+    fn stats<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        let (py, state) = (slf.py(), read(slf)?);
+        let cache = &state.cache;
+        let counters = |values: &Counters| -> PyResult<Bound<'py, PyDict>> {
+            let dict = PyDict::new(py);
+            for (name, n) in values.named() {
+                dict.set_item(name, n)?;
+            }
+            Ok(dict)
+        };
+        let report = counters(&cache.stats().total)?;
+        report.set_item("entries", cache.entries().len())?;
+        report.set_item("used_embeds", cache.used_embeds())?;
+        report.set_item("freeable_embeds", cache.freeable_embeds())?;
+        let by_modality = PyDict::new(py);
+        for (tag, values) in (0u8..).zip(&cache.stats().by_modality) {
+            if !values.is_zero() {
+                by_modality.set_item(modality::name(tag), counters(values)?)?;
+            }
+        }
+        report.set_item("by_modality", by_modality)?;
+        Ok(report)
+    }
+
+    /// Zero the counters `stats()` reports; the cache's contents stay.
+    fn reset_stats(slf: &Bound<'_, Self>) -> PyResult<()> {
+        write(slf)?.cache.reset_stats();
+        Ok(())
     }
 
     /// Return True if the item at `input_id` is cached, and record that the
@@ -62,7 +136,7 @@ manager_methods!(PyEncoderCacheManager {
     /// `encoder_compute_budget`, and in the cache beside the
     /// `num_embeds_to_schedule` embeddings the step already promised.
     ///
-    /// Evicts unreferenced entries, oldest release first, when that makes
+    /// Evicts unreferenced entries in the policy's order when that makes
     /// room; evicts nothing when even that would not. As in vLLM, the budget
     /// and count are compared as given: a negative budget fits nothing, a
     /// negative count adds room.
@@ -87,7 +161,8 @@ manager_methods!(PyEncoderCacheManager {
     fn allocate(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let input_id = input_index(input_id)?;
         with_input(slf, request, input_id, Needs::ALL, |cache, input| {
-            Ok(cache.allocate(input.request_id()?, input_id, input.identifier()?.clone(), input.num_embeds()?)?)
+            let (request_id, identifier) = (input.request_id()?, input.identifier()?.clone());
+            Ok(cache.allocate_tagged(request_id, input_id, identifier, input.num_embeds()?, input.modality()?)?)
         })
     }
 
@@ -201,8 +276,9 @@ manager_methods!(PyEncoderCacheManager {
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
         let state = read(slf)?;
         Ok(format!(
-            "EncoderCacheManager(cache_size={}, num_free_slots={}, num_freeable_slots={}, entries={}, requests={})",
+            "EncoderCacheManager(cache_size={}, policy={:?}, num_free_slots={}, num_freeable_slots={}, entries={}, requests={})",
             state.cache.cache_size(),
+            state.cache.policy().name(),
             state.cache.num_free_slots(),
             state.cache.num_freeable_slots(),
             state.cache.entries().len(),

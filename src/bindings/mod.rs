@@ -3,6 +3,7 @@
 //!
 //! Modules, each using only those listed before it:
 //! - `errors`: core errors as Python exceptions;
+//! - `modality`: modality names as the core's tags;
 //! - `request`: reading vLLM-shaped requests, with clear errors;
 //! - `state`: state dumps as plain Python data and back;
 //! - `records`: what a manager has read of each request;
@@ -18,6 +19,7 @@ mod errors;
 mod floor;
 mod manager;
 mod methods;
+mod modality;
 mod records;
 mod request;
 mod shared;
@@ -25,7 +27,7 @@ mod state;
 mod step;
 
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyTuple};
 
 use crate::cache::Key;
 
@@ -49,5 +51,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<encoder_decoder::PyEncoderDecoderCacheManager>()?;
     m.add_class::<floor::CallFloor>()?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
+    m.add("POLICIES", PyTuple::new(m.py(), crate::cache::Policy::NAMES)?)?;
     Ok(())
 }

@@ -57,6 +57,8 @@ pub(crate) struct InputRecord {
     pub(crate) identifier: Option<Key>,
     /// `request.get_num_encoder_embeds(i)`.
     pub(crate) num_embeds: Option<u64>,
+    /// The item's modality tag (see `modality`).
+    pub(crate) modality: Option<u8>,
 }
 
 /// What the step-level methods know of an item: its position from the first
@@ -113,7 +115,7 @@ impl RequestRecord {
         if !matches!(slot, Some(input) if input.feature.is(feature)) {
             *slot = None;
         }
-        slot.get_or_insert_with(|| InputRecord { feature: feature.clone().unbind(), identifier: None, num_embeds: None })
+        slot.get_or_insert_with(|| InputRecord { feature: feature.clone().unbind(), identifier: None, num_embeds: None, modality: None })
     }
 }
 

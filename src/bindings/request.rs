@@ -75,6 +75,16 @@ pub(crate) fn identifier_of<'py>(feature: &Bound<'py, PyAny>) -> PyResult<Bound<
     expect_str(feature.getattr(intern!(feature.py(), "identifier"))?, "mm_features[i].identifier")
 }
 
+/// `feature.modality` as a tag (see `modality`): "unknown" when the feature
+/// has none or it is not a str, as the pure-Python manager reads it.
+pub(crate) fn modality_of(feature: &Bound<'_, PyAny>) -> PyResult<u8> {
+    match feature.getattr(intern!(feature.py(), "modality")) {
+        Ok(value) => Ok(value.cast::<PyString>().map_or(Ok(0), |name| name.to_str().map(super::modality::tag))?),
+        Err(err) if err.is_instance_of::<PyAttributeError>(feature.py()) => Ok(0),
+        Err(err) => Err(err),
+    }
+}
+
 /// A count of embeddings or slots: a non-negative int.
 pub(crate) fn count(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if value.is_instance_of::<pyo3::types::PyBool>() {

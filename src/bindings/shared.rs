@@ -116,11 +116,12 @@ impl ManagedCache for EncoderCache {
     }
 
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        cache_state_to_dict(py, &self.snapshot())
+        cache_state_to_dict(py, &self.snapshot(), &self.policy_snapshot())
     }
 
     fn from_dict(state: &Bound<'_, PyAny>) -> PyResult<Self> {
-        EncoderCache::restore(&cache_state_from_dict(state)?).map_err(|v| super::errors::inconsistent_state(&v))
+        let (state, policy) = cache_state_from_dict(state)?;
+        EncoderCache::restore_with(&state, &policy).map_err(|v| super::errors::inconsistent_state(&v))
     }
 }
 

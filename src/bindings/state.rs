@@ -4,10 +4,16 @@
 //!
 //! Shape of an `EncoderCacheManager` dump:
 //! `{"cache_size": int, "num_free_slots": int, "num_freeable_slots": int,
-//!   "entries": {item: {"num_embeds": int, "referrers": [request_id, ...]}},
+//!   "entries": {item: {"num_embeds": int, "referrers": [request_id, ...],
+//!                      "frequency": int, "rank": float}},
 //!   "freeable": [[item, num_embeds], ...],   # next eviction first
 //!   "requests": {request_id: {"inputs": [[input_id, item], ...], "occurrences": {item: int}}},
-//!   "freed": [item, ...]}`
+//!   "freed": [item, ...],
+//!   "policy": str, "clock": float, "waiting": {request_id: [item, ...]}}`
+//! where the policy's keys (top level and per entry) appear only where they
+//! differ from a fresh "vllm" manager's (so a "vllm" dump has vLLM 0.33's
+//! shape), and a dump without them restores under "vllm" with no waiting
+//! marks. Modalities are metrics, not state: restored entries count as "unknown".
 //! and of an `EncoderDecoderCacheManager` dump:
 //! `{"cache_size": int, "num_free_slots": int, "held": {request_id: [[input_id, num_embeds], ...]},
 //!   "allocated": [item, ...], "to_free": [item, ...]}`.
@@ -18,18 +24,28 @@ use pyo3::types::{PyDict, PyList, PyString};
 use pyo3::IntoPyObjectExt;
 
 use super::request::count;
-use crate::cache::{CacheState, EntryState, RequestState};
+use crate::cache::{CacheState, EntryPolicyState, EntryState, Policy, PolicyState, RequestState};
 use crate::encoder_decoder::EncoderDecoderState;
 
 const CACHE_KEYS: [&str; 7] = ["cache_size", "num_free_slots", "num_freeable_slots", "entries", "freeable", "requests", "freed"];
+const POLICY_KEYS: [&str; 3] = ["policy", "clock", "waiting"];
+const ENTRY_KEYS: [&str; 2] = ["num_embeds", "referrers"];
+const ENTRY_POLICY_KEYS: [&str; 2] = ["frequency", "rank"];
 const ENCODER_DECODER_KEYS: [&str; 5] = ["cache_size", "num_free_slots", "held", "allocated", "to_free"];
 
-pub(crate) fn cache_state_to_dict<'py>(py: Python<'py>, state: &CacheState) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn cache_state_to_dict<'py>(py: Python<'py>, state: &CacheState, policy: &PolicyState) -> PyResult<Bound<'py, PyDict>> {
     let entries = PyDict::new(py);
     for (item, entry) in &state.entries {
         let e = PyDict::new(py);
         e.set_item("num_embeds", entry.num_embeds)?;
         e.set_item("referrers", PyList::new(py, &entry.referrers)?)?;
+        let extra = policy.entries.get(item).copied().unwrap_or_default();
+        if policy.policy != Policy::Vllm && extra.frequency != 1 {
+            e.set_item("frequency", extra.frequency)?;
+        }
+        if extra.rank != 0.0 {
+            e.set_item("rank", extra.rank)?;
+        }
         entries.set_item(item, e)?;
     }
     let requests = PyDict::new(py);
@@ -49,17 +65,60 @@ pub(crate) fn cache_state_to_dict<'py>(py: Python<'py>, state: &CacheState) -> P
     dict.set_item("freeable", freeable)?;
     dict.set_item("requests", requests)?;
     dict.set_item("freed", &state.freed)?;
+    if policy.policy != Policy::Vllm {
+        dict.set_item("policy", policy.policy.name())?;
+    }
+    if policy.clock != 0.0 {
+        dict.set_item("clock", policy.clock)?;
+    }
+    if !policy.waiting.is_empty() {
+        let waiting = PyDict::new(py);
+        for (request, items) in &policy.waiting {
+            waiting.set_item(request, items)?;
+        }
+        dict.set_item("waiting", waiting)?;
+    }
     Ok(dict)
 }
 
-pub(crate) fn cache_state_from_dict(state: &Bound<'_, PyAny>) -> PyResult<CacheState> {
-    let [cache_size, num_free_slots, num_freeable_slots, entries_, freeable_, requests_, freed] = fields(state, &CACHE_KEYS, "state")?;
+pub(crate) fn cache_state_from_dict(state: &Bound<'_, PyAny>) -> PyResult<(CacheState, PolicyState)> {
+    let ([cache_size, num_free_slots, num_freeable_slots, entries_, freeable_, requests_, freed], [policy_, clock, waiting_]) =
+        fields_and_optional(state, &CACHE_KEYS, &POLICY_KEYS, "state")?;
+    let mut policy = PolicyState::default();
+    if let Some(name) = policy_ {
+        let name = string(&name, "state['policy']")?;
+        policy.policy = Policy::from_name(&name).ok_or_else(|| {
+            PyValueError::new_err(format!("unknown policy '{name}' in state['policy']; the policies are {}", Policy::NAMES.join(", ")))
+        })?;
+    }
+    if let Some(clock) = clock {
+        policy.clock = float(&clock, "state['clock']")?;
+    }
+    if let Some(waiting) = waiting_ {
+        for (request, marked) in items(&waiting, "state['waiting']")? {
+            let marked = strings(&marked, "a waiting request's items")?;
+            if marked.iter().collect::<std::collections::BTreeSet<_>>().len() != marked.len() {
+                return Err(PyValueError::new_err("a waiting request's items must be distinct"));
+            }
+            policy.waiting.insert(string(&request, "a waiting request id")?, marked);
+        }
+    }
     let mut entries = std::collections::BTreeMap::new();
     for (item, entry) in items(&entries_, "state['entries']")? {
-        let [num_embeds, referrers] = fields(&entry, &["num_embeds", "referrers"], "an entry")?;
+        let ([num_embeds, referrers], [frequency, rank]) = fields_and_optional(&entry, &ENTRY_KEYS, &ENTRY_POLICY_KEYS, "an entry")?;
         let referrers = strings(&referrers, "an entry's referrers")?;
         let num_embeds = count(&num_embeds, "an entry's num_embeds")?;
-        entries.insert(string(&item, "an item")?, EntryState { num_embeds, referrers: referrers.into_iter().collect() });
+        let item = string(&item, "an item")?;
+        let mut extra = EntryPolicyState::default();
+        if let Some(frequency) = frequency {
+            extra.frequency = u32::try_from(count(&frequency, "an entry's frequency")?)
+                .map_err(|_| PyValueError::new_err("an entry's frequency must fit in 32 bits"))?;
+        }
+        if let Some(rank) = rank {
+            extra.rank = float(&rank, "an entry's rank")?;
+        }
+        policy.entries.insert(item.clone(), extra);
+        entries.insert(item, EntryState { num_embeds, referrers: referrers.into_iter().collect() });
     }
     let mut freeable = Vec::new();
     for pair in list(&freeable_, "state['freeable']")? {
@@ -81,7 +140,7 @@ pub(crate) fn cache_state_from_dict(state: &Bound<'_, PyAny>) -> PyResult<CacheS
         }
         requests.insert(string(&request, "a request id")?, refs);
     }
-    Ok(CacheState {
+    let state = CacheState {
         cache_size: count(&cache_size, "state['cache_size']")?,
         num_free_slots: count(&num_free_slots, "state['num_free_slots']")?,
         num_freeable_slots: count(&num_freeable_slots, "state['num_freeable_slots']")?,
@@ -89,7 +148,8 @@ pub(crate) fn cache_state_from_dict(state: &Bound<'_, PyAny>) -> PyResult<CacheS
         freeable,
         requests,
         freed: strings(&freed, "state['freed']")?,
-    })
+    };
+    Ok((state, policy))
 }
 
 pub(crate) fn encoder_decoder_state_to_dict<'py>(py: Python<'py>, state: &EncoderDecoderState) -> PyResult<Bound<'py, PyDict>> {
@@ -147,6 +207,52 @@ fn fields<'py, const N: usize>(obj: &Bound<'py, PyAny>, keys: &[&str; N], what: 
         }
     }
     Ok(values.try_into().unwrap_or_else(|_| unreachable!("one value per key")))
+}
+
+/// The values of `obj`, a dict with every one of `keys` and any of
+/// `optional` (None where left out), and no other key.
+#[allow(clippy::type_complexity)]
+fn fields_and_optional<'py, const N: usize, const M: usize>(
+    obj: &Bound<'py, PyAny>,
+    keys: &[&str; N],
+    optional: &[&str; M],
+    what: &str,
+) -> PyResult<([Bound<'py, PyAny>; N], [Option<Bound<'py, PyAny>>; M])> {
+    let dict = obj.cast::<PyDict>().map_err(|_| PyTypeError::new_err(format!("{what} must be a dict")))?;
+    let mut required = Vec::with_capacity(N);
+    for key in keys {
+        match dict.get_item(key)? {
+            Some(value) => required.push(value),
+            None => return Err(PyValueError::new_err(format!("{what} has no '{key}' key"))),
+        }
+    }
+    let mut present = 0;
+    let mut extra = Vec::with_capacity(M);
+    for key in optional {
+        let value = dict.get_item(key)?;
+        present += usize::from(value.is_some());
+        extra.push(value);
+    }
+    if dict.len() != N + present {
+        return Err(PyValueError::new_err(format!("{what} must have exactly the keys {keys:?}, and optionally {optional:?}")));
+    }
+    let required = required.try_into().unwrap_or_else(|_| unreachable!("one value per key"));
+    let extra = extra.try_into().unwrap_or_else(|_| unreachable!("one value per key"));
+    Ok((required, extra))
+}
+
+/// A finite float >= 0 (an int is taken too).
+fn float(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
+    if obj.is_instance_of::<pyo3::types::PyBool>()
+        || !(obj.is_instance_of::<pyo3::types::PyFloat>() || obj.is_instance_of::<pyo3::types::PyInt>())
+    {
+        return Err(PyTypeError::new_err(format!("{what} must be float")));
+    }
+    let value: f64 = obj.extract()?;
+    if !(0.0..f64::INFINITY).contains(&value) {
+        return Err(PyValueError::new_err(format!("{what} must be finite and >= 0, got {value}")));
+    }
+    Ok(value)
 }
 
 fn items<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {

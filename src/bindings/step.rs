@@ -27,7 +27,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use super::records::{RequestId, Slot};
-use super::request::{count, expect_str, features, input_index, request_id};
+use super::request::{count, expect_str, features, input_index, modality_of, request_id};
 use super::shared::{write, Manager};
 use crate::cache::Key;
 use crate::step::{self, Item, Scheduled, StepArgs, StepCache};
@@ -181,7 +181,8 @@ fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u6
         }
         Some(mask)
     };
-    Ok(Item::new(Arc::from(identifier.to_str()?), offset, length, num_embeds, mask.as_deref()))
+    let item = Item::new(Arc::from(identifier.to_str()?), offset, length, num_embeds, mask.as_deref());
+    Ok(item.with_modality(modality_of(feature)?))
 }
 
 /// `try_schedule_encoder_inputs` of either manager class.
