@@ -22,7 +22,7 @@ from encoder_cache.simulator import (
 )
 from encoder_cache.simulator import oracle as oracle_module
 from encoder_cache.simulator import scheduler as scheduler_module
-from encoder_cache.simulator.scheduler import shared_prefix
+from encoder_cache.simulator.scheduler import shared_prefix, supports_lookahead
 from encoder_cache.simulator.workloads import Item, RequestSpec
 
 SMALL = {
@@ -35,7 +35,14 @@ SMALL = {
 LIMITS = SchedulerLimits(max_num_batched_tokens=2048)
 VARIANTS = [
     Variant("vllm", False, "rust"),
-    *[Variant(p, la, "python") for p in available_policies("python") for la in (False, True)],
+    *[
+        Variant(p, la, "rust")
+        for p in available_policies("rust")
+        for la in ((False, True) if supports_lookahead("rust") else (False,))
+        if (p, la) != ("vllm", False)
+    ],
+    # The twin's policies decide as Rust's do (test_implementations_decide_alike); one of them here.
+    Variant(available_policies("python")[-1], True, "python"),
     *([Variant("oracle", False, "python")] if oracle_module.AVAILABLE else []),
 ]
 
