@@ -378,12 +378,17 @@ class _Run:
         live = None
         if spec.session is not None:
             session = self.sessions[spec.session]
-            if session.last is not None:
-                shared = shared_prefix(session.last.spec, spec)
+            previous = session.last
+            shared = 0
+            if previous is not None:
+                shared = shared_prefix(previous.spec, spec)
                 if shared:
-                    origins = [(s, min(e, shared), k) for s, e, k in session.last.origins if s < shared]
+                    origins = [(s, min(e, shared), k) for s, e, k in previous.origins if s < shared]
                     origins.append((shared, spec.total_tokens, spec.request_id))
             live = session.last = _Live(spec, origins)
+            if shared:
+                # Full blocks inside the shared prefix hash as the previous turn's did.
+                live.hasher.hashes = previous.hasher.hashes[: shared // BLOCK_SIZE]  # type: ignore[union-attr]
         if live is None:
             live = _Live(spec, origins)
         for item in spec.items:
