@@ -147,7 +147,7 @@ _PARSERS = {
 _FLAGS: dict[str, str] = {}
 
 
-def _config_options(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
+def _config_options(parser: argparse.ArgumentParser, cls: type, title: str) -> Any:
     group = parser.add_argument_group(title)
     for f in fields(cls):
         meta = f.metadata
@@ -170,6 +170,7 @@ def _config_options(parser: argparse.ArgumentParser, cls: type, title: str) -> N
             metavar=metavar,
             help=help,
         )
+    return group
 
 
 def _given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -273,8 +274,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs", type=_int, metavar="N", help="runs in parallel processes (default: up to 2, one per CPU)"
     )
     _config_options(parser, WorkloadConfig, "built-in workload")
-    _config_options(parser, SchedulerLimits, "scheduler")
-    parser.add_argument(
+    scheduler = _config_options(parser, SchedulerLimits, "scheduler")
+    scheduler.add_argument(
         "--no-prefix-caching", action="store_true", help="turn off the KV prefix cache (on by default, as in vLLM)"
     )
 
