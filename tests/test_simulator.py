@@ -270,9 +270,9 @@ class _LyingManager(reference.EncoderCacheManager):
     [(_LeakyManager, "still hold entries"), (_LyingManager, "neither encoded nor in the cache")],
 )
 def test_checks_catch_a_broken_manager(monkeypatch, manager, message):
-    monkeypatch.setitem(scheduler_module._OLD_BEHAVIOURS, "broken", manager)
+    monkeypatch.setitem(scheduler_module.MANAGERS, ("python", "broken"), manager)
     with pytest.raises(SimulationError, match=message):
-        simulate(generate(SMALL["popular"]), LIMITS, Variant("vllm", False, "python", "broken"), check=True)
+        simulate(generate(SMALL["popular"]), LIMITS, "python", "broken", check=True)
 
 
 def test_shared_prefix_stops_at_the_first_different_item():

@@ -62,9 +62,11 @@ IMPLEMENTATIONS = ("rust", "python")
 #: fixed: vLLM 0.33 (PR #54284's fix, O(1) occurrence counts); prefix: before
 #: the fix; scan: the fix as the PR first wrote it (scans on every free).
 BEHAVIOURS = ("fixed", "prefix", "scan")
-_OLD_BEHAVIOURS = {
-    "prefix": reference.PreFixEncoderCacheManager,
-    "scan": reference.AnyScanEncoderCacheManager,
+#: Managers other than the policies, by (implementation, behaviour): the
+#: seed-bug comparison's, and any a test registers (a factory of cache_size).
+MANAGERS: dict[tuple[str, str], Callable[[int], Any]] = {
+    ("python", "prefix"): reference.PreFixEncoderCacheManager,
+    ("python", "scan"): reference.AnyScanEncoderCacheManager,
 }
 #: A cache size no workload fills: every item is encoded once, then kept.
 UNBOUNDED = 1 << 40
@@ -104,9 +106,10 @@ class Variant:
 
     def manager(self, cache_size: int, future: Any = None) -> Any:
         if self.behaviour != "fixed":
-            if self.implementation != "python" or self.policy != "vllm" or self.lookahead:
+            factory = MANAGERS.get((self.implementation, self.behaviour))
+            if factory is None or self.policy != "vllm" or self.lookahead:
                 raise ValueError(f"the {self.behaviour} behaviour exists only in python with the vllm policy")
-            return _OLD_BEHAVIOURS[self.behaviour](cache_size)
+            return factory(cache_size)
         if self.policy == "oracle":
             if not oracle.AVAILABLE:
                 raise ValueError("the oracle needs a manager with pluggable policies (encoder_cache.policies)")
@@ -769,7 +772,8 @@ class _Run:
 def simulate(
     workload: Any,
     limits: SchedulerLimits,
-    variant: Variant | None = None,
+    variant: Variant | str | None = None,
+    behaviour: str | None = None,
     *,
     cache_size: int | None = None,
     cost: EncoderCost | None = None,
@@ -783,7 +787,11 @@ def simulate(
     ``cache_size`` overrides the encoder cache size vLLM would derive;
     ``progress`` is called now and then with the number of finished requests;
     ``observer`` is told when each item occurrence is served (the oracle's first pass).
+    ``simulate(workload, limits, implementation, behaviour)`` (two names) runs
+    the manager ``MANAGERS`` holds for them.
     """
+    if isinstance(variant, str):
+        variant = Variant("vllm", False, variant, behaviour or "fixed")
     variant = Variant() if variant is None else variant
     cost = EncoderCost() if cost is None else cost
     compute_budget, derived_size = limits.encoder_budget(workload.max_embeds_per_item())
