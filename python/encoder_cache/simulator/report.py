@@ -128,7 +128,7 @@ class Report:
                 f"{_pct(base.counters.encoded_embeds, floor)} more than unbounded"
             )
             best = self.best()
-            if best is not None and best.counters.encoded_embeds < base.counters.encoded_embeds:
+            if best is not None and best.counters.encoded_embeds < base.counters.encoded_embeds * (1 - 0.01):
                 sentence += (
                     f"; at that default size, policy {best.name} encodes "
                     f"{_pct(best.counters.encoded_embeds, base.counters.encoded_embeds)} against vllm"
