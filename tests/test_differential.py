@@ -1,6 +1,7 @@
-"""The Rust manager against the pure-Python one: random scheduler-like call
-sequences, every return value and every readable field compared after every
-call, and the bookkeeping invariants checked on both."""
+"""The Rust manager against the pure-Python one, under every eviction policy:
+random scheduler-like call sequences (with waiting marks, resizes and
+statistics), every return value, readable field, snapshot and counter
+compared after every call, and the bookkeeping invariants checked on both."""
 
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ def outcome(call):
 
 
 class DifferentialMachine(RuleBasedStateMachine):
-    @initialize(cache_size=st.integers(0, 40))
-    def build(self, cache_size):
-        self.rust = encoder_cache.EncoderCacheManager(cache_size)
-        self.python = reference.EncoderCacheManager(cache_size)
+    @initialize(cache_size=st.integers(0, 40), policy=st.sampled_from(encoder_cache.POLICIES))
+    def build(self, cache_size, policy):
+        self.rust = encoder_cache.EncoderCacheManager(cache_size, policy=policy)
+        self.python = reference.EncoderCacheManager(cache_size, policy=policy)
         self.requests = []
         self.count = 0
         self.kept = []  # sets the caller holds on to
@@ -41,13 +42,41 @@ class DifferentialMachine(RuleBasedStateMachine):
         assert got == want, (method, args)
         return want
 
-    @rule(items=st.lists(st.sampled_from(ITEMS), min_size=1, max_size=6), odd=st.integers(0, 9))
-    def new_request(self, items, odd):
+    @rule(
+        items=st.lists(st.sampled_from(ITEMS), min_size=1, max_size=6),
+        odd=st.integers(0, 9),
+        modality=st.sampled_from(["image", "video", "audio"]),
+    )
+    def new_request(self, items, odd, modality):
         sizes = [SIZES[item] for item in items]
         if odd == 0:
             sizes[0] += 1  # an identifier arriving with another embed count
         self.count += 1
-        self.requests.append(make_request(f"req{self.count}", items, sizes))
+        request = make_request(f"req{self.count}", items, sizes)
+        request.mm_features[:] = [MultiModalFeature(f.identifier, f.mm_position, modality) for f in request.mm_features]
+        self.requests.append(request)
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def mark_waiting(self, data):
+        """Lookahead: a waiting request's items are evicted last (a second mark is an error)."""
+        self.both("mark_waiting", data.draw(st.sampled_from(self.requests)))
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def unmark_waiting(self, data):
+        self.both("unmark_waiting", data.draw(st.sampled_from(self.requests)))
+
+    @rule(cache_size=st.integers(0, 60))
+    def resize(self, cache_size):
+        got = outcome(lambda: setattr(self.rust, "cache_size", cache_size))
+        want = outcome(lambda: setattr(self.python, "cache_size", cache_size))
+        assert got == want, ("resize", cache_size)
+
+    @rule(chance=st.integers(0, 9))
+    def reset_stats(self, chance):
+        if chance == 0:
+            self.both("reset_stats")
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data(), budget=st.integers(-2, 40), scheduled=st.integers(0, 20))
@@ -143,6 +172,8 @@ class DifferentialMachine(RuleBasedStateMachine):
     def same_state_and_sound(self):
         assert state(self.rust) == state(self.python)
         assert self.rust.snapshot() == self.python.snapshot()
+        assert self.rust.stats() == self.python.stats()
+        assert self.rust.policy == self.python.policy
         self.rust.check_invariants()
         self.python.check_invariants()
 

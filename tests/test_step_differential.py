@@ -131,7 +131,11 @@ def test_steps_match_the_python_scheduler_loop(kind: str, data: st.DataObject) -
     encoder_decoder = kind == "encoder_decoder"
     rust_cls, ref_cls = PAIRS[kind]
     cache_size = draw(st.integers(0, 40))
-    rust, ref = rust_cls(cache_size), ref_cls(cache_size)
+    if encoder_decoder:
+        rust, ref = rust_cls(cache_size), ref_cls(cache_size)
+    else:
+        policy = draw(st.sampled_from(encoder_cache.POLICIES))
+        rust, ref = rust_cls(cache_size, policy=policy), ref_cls(cache_size, policy=policy)
     shapes: dict[str, Any] = {}
     live = [new_request(draw, n, encoder_decoder, shapes) for n in range(draw(st.integers(1, 3)))]
     next_id = len(live)

@@ -121,7 +121,7 @@ class EncoderCacheManager:
         self.request_inputs: dict[str, dict[int, str]] = {}
         self.request_hash_refs: dict[str, dict[str, int]] = {}
         #: Unreferenced entries -> size, in release order (the policy orders evictions).
-        self.freeable: dict[str, int] = {}
+        self._released: dict[str, int] = {}
         self.freed: list[str] = []
         #: Lookahead: waiting request id -> its distinct identifiers, and how
         #: many waiting requests need each identifier.
@@ -149,12 +149,19 @@ class EncoderCacheManager:
         """The eviction policy's name."""
         return self._policy.name
 
+    @property
+    def freeable(self) -> dict[str, int]:
+        """Unreferenced identifier -> embeddings, next eviction first: the
+        policy's order, entries no waiting request needs before those one needs."""
+        return {item: self._released[item] for tier in (0, 1) for item in self._policy.order(tier)}
+
     def resize(self, cache_size: int) -> None:
         cache_size = _count(cache_size, "cache_size")
         referenced = self._cache_size - self.num_freeable_slots
         if referenced > cache_size:
             raise ValueError(
-                f"cannot resize the cache to {cache_size} embeddings: referenced entries hold {referenced}"
+                f"cannot resize the cache to {cache_size} embeddings: entries in use take {referenced}; "
+                f"free requests first or choose a size of at least {referenced}"
             )
         while self._cache_size - self.num_free_slots > cache_size:
             self._evict_one()
@@ -168,7 +175,7 @@ class EncoderCacheManager:
         self.num_embeds_by_hash.clear()
         self.request_inputs.clear()
         self.request_hash_refs.clear()
-        self.freeable.clear()
+        self._released.clear()
         self.freed.clear()
         self.waiting.clear()
         self.waiting_count.clear()
@@ -256,7 +263,7 @@ class EncoderCacheManager:
             # One hit per (request, input) acquisition; a re-check counts nothing.
             self._count(self.modality[mm_hash], "hits", "hit_embeds", self.num_embeds_by_hash[mm_hash])
         if not referrers:
-            self.num_freeable_slots -= self.freeable.pop(mm_hash)
+            self.num_freeable_slots -= self._released.pop(mm_hash)
             self._tier_len[self._tier.pop(mm_hash)] -= 1
             self._policy.retained(mm_hash)
         if not held:
@@ -292,7 +299,7 @@ class EncoderCacheManager:
         self._policy.evicted(mm_hash)
         del self._tier[mm_hash]
         self._tier_len[tier] -= 1
-        size = self.freeable.pop(mm_hash)
+        size = self._released.pop(mm_hash)
         del self.cached[mm_hash]
         del self.num_embeds_by_hash[mm_hash]
         self._count(self.modality.pop(mm_hash), "evictions", "evicted_embeds", size)
@@ -395,7 +402,7 @@ class EncoderCacheManager:
         referrers.remove(request_id)
         if not referrers:
             size = self.num_embeds_by_hash[mm_hash]
-            self.freeable[mm_hash] = size
+            self._released[mm_hash] = size
             self.num_freeable_slots += size
             tier = 1 if mm_hash in self.waiting_count else 0
             self._tier[mm_hash] = tier
@@ -450,7 +457,7 @@ class EncoderCacheManager:
             "num_free_slots": self.num_free_slots,
             "num_freeable_slots": self.num_freeable_slots,
             "entries": entries,
-            "freeable": [[item, self.freeable[item]] for tier in (0, 1) for item in policy.order(tier)],
+            "freeable": [[item, self._released[item]] for tier in (0, 1) for item in policy.order(tier)],
             "requests": {
                 request_id: {
                     "inputs": [[i, item] for i, item in sorted(self.request_inputs.get(request_id, {}).items())],
@@ -493,7 +500,7 @@ class EncoderCacheManager:
                 manager.waiting_count[item] = manager.waiting_count.get(item, 0) + 1
         for item, size in state["freeable"]:
             tier = 1 if item in manager.waiting_count else 0
-            manager.freeable[item] = size
+            manager._released[item] = size
             manager._tier[item] = tier
             manager._tier_len[tier] += 1
             policy.restore_released(item, tier, state["entries"][item]["rank"])
