@@ -80,8 +80,9 @@ def test_policies_are_named_and_bad_names_are_refused(make):
     for name in POLICIES:
         assert make(8, policy=name).policy == name
     assert make(8).policy == "vllm"
-    with pytest.raises(ValueError, match="unknown policy 'lru'; choose one of vllm, gdsf, s3fifo"):
+    with pytest.raises(ValueError, match="vllm, gdsf, s3fifo") as refused:
         make(8, policy="lru")
+    assert "lru" in str(refused.value), "the message names the bad value"
     with pytest.raises(TypeError):
         make(8, policy=3)
 

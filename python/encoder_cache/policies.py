@@ -302,4 +302,4 @@ def make_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
     try:
         return _BUILT_IN[policy]()
     except KeyError:
-        raise ValueError(f"unknown policy '{policy}'; choose one of {', '.join(POLICIES)}") from None
+        raise ValueError(f'policy must be one of {", ".join(POLICIES)}, got "{policy}"') from None
