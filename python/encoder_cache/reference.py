@@ -3,7 +3,10 @@ and checked against.
 
 ``EncoderCacheManager`` here has the same API, semantics and errors as the Rust
 ``encoder_cache.EncoderCacheManager`` (vLLM 0.33's behaviour plus input
-validation). Two earlier behaviours are kept as small variants for comparison:
+validation), including the eviction policies (``policy=``, the decisions of
+``encoder_cache.policies``), lookahead marks, resizing and ``stats()``
+described in docs/policies.md; it also accepts a custom
+:class:`~encoder_cache.policies.EvictionPolicy` object. Two earlier behaviours are kept as small variants for comparison:
 
 - ``PreFixEncoderCacheManager``: a request's reference is dropped at the
   *first* freed occurrence of an item, so an item the request still needs can
