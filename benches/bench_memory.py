@@ -7,7 +7,8 @@ per cached entry = bytes / 100k.
 
 How bytes are counted (the requests themselves are built before counting and
 are not included):
-- python: tracemalloc, every allocation the manager's dicts, sets and ints make;
+- vllm (vLLM 0.33.0's module) and python (the twin): tracemalloc, every
+  allocation the manager's dicts, sets and ints make;
 - rust: glibc's malloc statistics (mallinfo2: bytes in use, heap and mmap),
   every allocation the Rust manager makes, chunk overhead included.
 tracemalloc counts requested sizes without pymalloc's rounding, so the Python
@@ -68,7 +69,7 @@ def python_heap() -> int:
 
 def measure(impl: str, requests: list) -> dict[str, float]:
     manager = MANAGERS[impl](CACHE_SIZE)
-    counted = python_heap if impl == "python" else malloc_in_use
+    counted = malloc_in_use if impl == "rust" else python_heap
     gc.collect()
     start = counted()
     for req in requests:
@@ -88,7 +89,7 @@ def bench_memory(benchmark, impl):
     if impl == "rust" and MALLINFO2 is None:
         pytest.skip("counting the Rust manager's memory needs glibc's mallinfo2")
     requests = [make_request(f"req-{n}", 1, first_item=n) for n in range(NUM)]
-    if impl == "python":
+    if impl != "rust":
         tracemalloc.start()
     try:
         result = benchmark.pedantic(measure, args=(impl, requests), rounds=1, iterations=1)

@@ -1,6 +1,7 @@
 """One scheduler step for one request whose items are all cached: the Rust
-step-level call against the pure-Python rendering of vLLM 0.33's per-item loop
-over the pure-Python manager, side by side in the same run.
+step-level call against vLLM 0.33 scheduler's per-item loop over vLLM's own
+manager (``vllm``, see ``vllm_baseline.py``) and over the pure-Python twin
+(``python``), side by side in the same run.
 
 - ``schedule``: ``try_schedule_encoder_inputs`` alone (every item a cache hit);
 - ``schedule+free``: the same, then ``free_encoder_inputs_before`` with nothing
@@ -14,11 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from workloads import STEP_MANAGERS
 
-import encoder_cache
-from encoder_cache import MultiModalFeature, PlaceholderRange, Request, reference
+from encoder_cache import MultiModalFeature, PlaceholderRange, Request
 
-IMPLEMENTATIONS = {"rust": encoder_cache.EncoderCacheManager, "python": reference.EncoderCacheManager}
+IMPLEMENTATIONS = STEP_MANAGERS
 ITEM_TOKENS = 64
 GAP = 8  # text tokens between items
 BUDGET = 10**6
@@ -58,3 +59,55 @@ def test_step_all_cached(benchmark: Any, step: str, num_items: int, impl: str) -
     else:
         assert benchmark(schedule_and_free, manager, request, window) == (hits_only, [])
     assert manager.request_cached_ids == {"r": set(range(num_items))}
+
+
+def test_vllm_loops_agree_with_the_step_api() -> None:
+    """The step-level baseline is faithful: vLLM's per-item loops over vLLM's
+    module and our Rust step-level calls make the same choices and leave the
+    same cache, step by step, through chunked prefill, hits and evictions."""
+    import random
+
+    import vllm_baseline
+    from workloads import vllm_step_manager
+
+    import encoder_cache
+
+    rng = random.Random(5)
+    pool = [(f"img{n}", rng.choice((8, 16, 24))) for n in range(12)]
+    managers = {"vllm": vllm_step_manager(96), "rust": encoder_cache.EncoderCacheManager(96)}
+    assert isinstance(managers["vllm"], vllm_baseline.SchedulerLoops)
+    steps = evicted = 0
+    for n in range(60):
+        features, offset = [], rng.randint(0, 5)
+        for identifier, size in rng.sample(pool, rng.randint(1, 4)):
+            features.append(MultiModalFeature(identifier, PlaceholderRange(offset, size)))
+            offset += size + rng.randint(0, 6)
+        request = Request(f"r{n}", features)
+        computed = 0
+        while computed < offset:
+            window = min(rng.randint(4, 40), offset - computed)
+            results = {
+                name: m.try_schedule_encoder_inputs(request, computed, window, 48) for name, m in managers.items()
+            }
+            assert results["vllm"] == results["rust"], (n, computed)
+            to_encode, num_new, _, _, repeated = results["rust"]
+            freed = {}
+            for name, manager in managers.items():
+                manager.allocate_encoder_inputs(request, to_encode, repeated)
+                freed[name] = sorted(manager.free_encoder_inputs_before(request, computed + num_new))
+            assert freed["vllm"] == freed["rust"]
+            state = {
+                name: (m.num_free_slots, m.num_freeable_slots, list(m.freeable.items())) for name, m in managers.items()
+            }
+            assert state["vllm"] == state["rust"], (n, computed)
+            steps += 1
+            if not num_new:
+                break  # the cache cannot take the next item now
+            computed += num_new
+        hashes = {}
+        for name, manager in managers.items():
+            manager.free(request)
+            hashes[name] = manager.get_freed_mm_hashes()
+        assert hashes["vllm"] == hashes["rust"]
+        evicted += len(hashes["rust"])
+    assert steps > 100 and evicted > 0

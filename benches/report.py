@@ -4,11 +4,14 @@
 
 Times are medians over the rounds; ratios are of the medians and, in brackets,
 of the fastest rounds (the least disturbed on a shared machine). Every ratio
-compares implementations measured in the same run. "floor" is the same calls
-into PyO3 methods that do nothing, so "Rust / floor" says how close a Rust call
-comes to the cost of the crossing itself; "reads" are methods that only read
-from the request what vLLM's manager reads on every call, so "Python / reads"
-is the most a manager that reads as vLLM's does could gain.
+compares implementations measured in the same run. "vLLM" is vLLM 0.33.0's own
+module (``vllm_baseline.py``; for the step-level cases its scheduler's per-item
+loops over it), so "vLLM / Rust" is the headline; "twin" is the package's
+pure-Python twin. "floor" is the same calls into PyO3 methods that do nothing,
+so "Rust / floor" says how close a Rust call comes to the cost of the crossing
+itself; "reads" are methods that only read from the request what vLLM's
+manager reads on every call, so "vLLM / reads" is the most a manager that
+reads as vLLM's does could gain.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def by_group(benchmarks: list[dict], module: str) -> dict[str, dict[str, dict]]:
     groups: dict[str, dict[str, dict]] = defaultdict(dict)
     for bench in benchmarks:
         if bench["fullname"].split("::")[0].endswith(f"{module}.py"):
-            groups[bench["group"]][bench["param"]] = bench
+            groups[bench["group"]][(bench.get("params") or {}).get("impl", bench["param"])] = bench
     return groups
 
 
@@ -71,18 +74,24 @@ def ratio_of(slow: str, fast: str):
 
 
 #: The columns of the timing tables: (header, cell of a group's benchmarks).
-CALL_COLUMNS = [
-    ("Python", time_of("python")),
+BASE_COLUMNS = [
+    ("vLLM", time_of("vllm")),
     ("Rust", time_of("rust")),
-    ("Python / Rust", ratio_of("python", "rust")),
+    ("vLLM / Rust", ratio_of("vllm", "rust")),
+    ("twin", time_of("python")),
+    ("twin / Rust", ratio_of("python", "rust")),
+]
+CALL_COLUMNS = [
+    *BASE_COLUMNS,
     ("floor", time_of("floor")),
     ("Rust / floor", ratio_of("rust", "floor")),
     ("reads", time_of("reads")),
-    ("Python / reads", ratio_of("python", "reads")),
+    ("vLLM / reads", ratio_of("vllm", "reads")),
 ]
 REQUEST_COLUMNS = [
-    *CALL_COLUMNS[:4],
-    *CALL_COLUMNS[5:],
+    *BASE_COLUMNS,
+    ("floor", time_of("floor")),
+    ("reads", time_of("reads")),
     ("any() scan", time_of("anyscan")),
     ("any() scan / Rust", ratio_of("anyscan", "rust")),
 ]
@@ -99,16 +108,19 @@ def timing_table(groups: dict[str, dict[str, dict]], columns) -> list[str]:
 
 
 def memory_table(groups: dict[str, dict[str, dict]]) -> list[str]:
-    lines = ["| bytes | Python | Rust | Rust / Python |", "| --- | ---: | ---: | ---: |"]
+    lines = ["| bytes | vLLM | twin | Rust | Rust / vLLM |", "| --- | ---: | ---: | ---: | ---: |"]
     for benches in groups.values():
-        if not {"python", "rust"} <= benches.keys():
+        if "rust" not in benches:
             continue  # the Rust count needs glibc
-        py, rs = benches["python"]["extra_info"], benches["rust"]["extra_info"]
+        info = {impl: bench["extra_info"] for impl, bench in benches.items()}
+        rs = info["rust"]
         for key, label in (
             ("bytes_per_live_request", "per live request (holding one entry)"),
             ("bytes_per_entry", "per cached entry (unreferenced)"),
         ):
-            lines.append(f"| {label} | {py[key]:,.0f} | {rs[key]:,.0f} | {rs[key] / py[key]:.2f} |")
+            cells = [f"{info[impl][key]:,.0f}" if impl in info else "" for impl in ("vllm", "python", "rust")]
+            vs = f"{rs[key] / info['vllm'][key]:.2f}" if "vllm" in info else ""
+            lines.append(f"| {label} | " + " | ".join([*cells, vs]) + " |")
     return lines
 
 
@@ -120,6 +132,7 @@ def main(path: str) -> None:
         ("Machine", machine(data)),
         ("Per call, warm cache", timing_table(by_group(benchmarks, "bench_calls"), CALL_COLUMNS)),
         ("Per request (time per round)", timing_table(by_group(benchmarks, "bench_lifecycle"), REQUEST_COLUMNS)),
+        ("Step-level, one request, all items cached", timing_table(by_group(benchmarks, "bench_step"), BASE_COLUMNS)),
         ("Memory, 100k entries", memory_table(by_group(benchmarks, "bench_memory"))),
     ]
     for title, lines in sections:

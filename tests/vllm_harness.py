@@ -385,7 +385,15 @@ def _record(scheduler_output: Any, engine_outputs: dict[int, Any], manager: Any)
         "ec_loads": [(m.mm_hash, m.num_token) for m in getattr(scheduler_output.ec_connector_metadata, "mm_datas", ())],
         "free_slots": manager.num_free_slots,
         "freeable_slots": getattr(manager, "num_freeable_slots", None),  # none for encoder-decoder
+        "held_embeds": _held_embeds(manager),
     }
+
+
+def _held_embeds(manager: Any) -> int | None:
+    """Embeddings our encoder-decoder manager holds for requests (None for any other manager)."""
+    if hasattr(manager, "num_freeable_slots") or not hasattr(manager, "snapshot"):
+        return None
+    return sum(size for inputs in manager.snapshot()["held"].values() for _, size in inputs)
 
 
 def run(

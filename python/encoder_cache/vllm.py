@@ -224,14 +224,24 @@ class _StepLevelEncoderInputs:
     """The encoder-input loops of vLLM 0.33's scheduler, done in Rust.
 
     ``_try_schedule_encoder_inputs``, ``_allocate_encoder_inputs`` and
-    ``_free_encoder_inputs`` each become one call to the manager's step-level
-    API; the EC connector calls, vLLM's mismatch warning and its
+    ``_free_encoder_inputs`` each become at most one call to the manager's
+    step-level API; the EC connector calls, vLLM's mismatch warning and its
     rejected-request bookkeeping are kept. With no ``encoder_cache_manager_cls``
     configured, the scheduler installs ``encoder_cache.vllm.EncoderCacheManager``.
+
+    Most calls need no Rust at all. vLLM calls the first and the last of these
+    methods for every running request with multimodal items on every step, but
+    once a request's computed tokens are past its last item (it is decoding)
+    there is nothing to schedule, and once it has freed what it held there is
+    nothing to free: those calls return here, from a few attribute reads,
+    where vLLM's own methods compute a feature window or build a set.
+    ``_drained`` holds the ids of requests known to hold no cache entry; a
+    request leaves it whenever a Rust call could give it one.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._drained: set[str] = set()
         manager = self.encoder_cache_manager
         if hasattr(manager, "try_schedule_encoder_inputs"):
             return
@@ -276,6 +286,15 @@ class _StepLevelEncoderInputs:
         encoder_compute_budget: int,
         shift_computed_tokens: int = 0,
     ) -> StepResult:
+        if not self.is_encoder_decoder:
+            features = request.mm_features
+            if not num_new_tokens or not features:
+                return [], num_new_tokens, encoder_compute_budget, [], []
+            last = features[-1].mm_position
+            if num_computed_tokens >= last.offset + last.length:
+                # Past every item (features are sorted): vLLM's window is empty.
+                return [], num_new_tokens, encoder_compute_budget, [], []
+        self._drained.discard(request.request_id)
         connector = self.ec_connector
         return self.encoder_cache_manager.try_schedule_encoder_inputs(
             request,
@@ -289,6 +308,7 @@ class _StepLevelEncoderInputs:
         )
 
     def _allocate_encoder_inputs(self, request: Any, input_ids: list[int], duplicate_input_ids: list[int]) -> None:
+        self._drained.discard(request.request_id)
         self.encoder_cache_manager.allocate_encoder_inputs(request, input_ids, duplicate_input_ids)
         connector = self.ec_connector
         if connector is not None:
@@ -296,15 +316,27 @@ class _StepLevelEncoderInputs:
                 connector.update_state_after_alloc(request, input_id)
 
     def _free_encoder_inputs(self, request: Any) -> None:
+        request_id = request.request_id
+        drained = self._drained
+        if request_id in drained:
+            return
         # Inputs whose placeholders end before the confirmed progress (in-flight
         # output placeholders excluded) are in the KV cache and can go.
-        freed = self.encoder_cache_manager.free_encoder_inputs_before(
-            request, request.num_computed_tokens - request.num_output_placeholders
-        )
+        position = request.num_computed_tokens - request.num_output_placeholders
+        freed = self.encoder_cache_manager.free_encoder_inputs_before(request, position)
         connector = self.ec_connector
         if connector is not None:
             for input_id in freed:
                 connector.update_state_after_free(request, input_id)
+        features = request.mm_features
+        if features and not self.is_encoder_decoder:
+            last = features[-1].mm_position
+            if position >= last.offset + last.length:
+                drained.add(request_id)  # every item it could hold ends before position
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self._drained.discard(request.request_id)
+        return super()._free_request(request, *args, **kwargs)
 
 
 class Scheduler(_StepLevelEncoderInputs, _VllmScheduler):
