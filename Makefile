@@ -29,7 +29,7 @@ $(VENV)/bin/maturin:
 # Python sources stay editable. Build output goes to target/build.log unless it fails.
 build: $(VENV)/bin/maturin
 	@echo "building the extension (release; a first build takes 1 to 2.5 minutes)..."
-	@mkdir -p target
+	@mkdir -p target && rm -f python/encoder_cache/_core.cpython-*.so  # an older non-abi3 build would shadow it
 	@$(VENV)/bin/maturin develop --release --extras test > target/build.log 2>&1 || { cat target/build.log; exit 1; }
 	@echo "installed $$($(PY) -c 'import encoder_cache as e, encoder_cache._core as c, os; print(e.__name__, e.__version__, os.path.basename(c.__file__))')"
 

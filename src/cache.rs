@@ -7,6 +7,12 @@
 //! References are counted per request *and* per occurrence: a request that holds
 //! the same item at several input positions (an image re-sent in every turn of
 //! a chat) keeps its reference until its last cached occurrence is freed.
+//!
+//! Which unreferenced entry goes first is the [`Policy`]'s choice (vLLM's
+//! release order by default; `policy`), with entries that a waiting request
+//! will need (`mark_waiting`) kept until the others are gone. The cache can be
+//! resized, and counts hits, misses, evictions and re-encodes (`stats`).
+//! docs/policies.md describes the policies and what they save.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;

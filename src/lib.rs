@@ -1,6 +1,7 @@
 //! Encoder-cache bookkeeping for multimodal LLM schedulers.
 //!
-//! - [`cache`]: the shared encoder cache (vLLM's `EncoderCacheManager`).
+//! - [`cache`]: the shared encoder cache (vLLM's `EncoderCacheManager`), with its
+//!   eviction policies, waiting marks and statistics.
 //! - [`encoder_decoder`]: the scheduling-only variant for encoder-decoder models.
 //! - [`step`]: a scheduler step for one request (vLLM's per-item loop) in one call.
 //! - `bindings` (feature `python`): the PyO3 layer behind `encoder_cache._core`.
@@ -13,8 +14,8 @@ pub mod step;
 mod bindings;
 
 pub use cache::{
-    CacheError, CacheState, EncoderCache, Entry, EntryState, HeldInputs, InvariantViolation, Key, KeyArg, Referrers, RequestRefs,
-    RequestState,
+    CacheError, CacheState, CacheStats, Counters, EncoderCache, Entry, EntryPolicyState, EntryState, HeldInputs, InvariantViolation, Key,
+    KeyArg, Policy, PolicyState, Referrers, RequestRefs, RequestState, EVICTED_MEMORY, GDSF_COST_SCALE, S3FIFO_MAX_CREDIT,
 };
 pub use encoder_decoder::{EncoderDecoderCache, EncoderDecoderState};
 pub use step::{Item, Mismatch, Scheduled, StepArgs, StepCache, StepError};

@@ -174,7 +174,8 @@ impl std::fmt::Display for StepError {
                  entries; mm_features must be sorted by offset"
             ),
             Self::InputOutOfRange { input_id, num_items } => {
-                write!(f, "input_id {input_id} out of range: the request has {num_items} multimodal items")
+                let items = if *num_items == 1 { "item" } else { "items" };
+                write!(f, "input_id {input_id} is out of range: the request has {num_items} multimodal {items}")
             }
             Self::Cache(err) => err.fmt(f),
             Self::NotRead { input_id } => {

@@ -54,6 +54,9 @@ op_st = st.one_of(
     st.tuples(st.just("free"), st.integers(0, 3)),
     st.tuples(st.just("get_freed_mm_hashes")),
     st.tuples(st.just("restore")),
+    st.tuples(st.just("mark_waiting"), st.integers(0, 3)),
+    st.tuples(st.just("unmark_waiting"), st.integers(0, 3)),
+    st.tuples(st.just("resize"), st.integers(0, 50)),
 )
 
 
@@ -65,6 +68,12 @@ def run_op(manager, requests: list[Request], op: tuple):
         return type(manager).restore(json.loads(json.dumps(manager.snapshot()))), None
     if name == "get_freed_mm_hashes":
         return manager, manager.get_freed_mm_hashes()
+    if name == "resize":
+        try:
+            manager.cache_size = args[0]
+        except ValueError as err:
+            return manager, type(err)
+        return manager, None
     request = requests[args[0] % len(requests)]
     try:
         return manager, getattr(manager, name)(request, *args[1:])
@@ -72,11 +81,14 @@ def run_op(manager, requests: list[Request], op: tuple):
         return manager, type(err)
 
 
+policy_st = st.sampled_from(encoder_cache.POLICIES)
+
+
 @settings(max_examples=150 * SCALE, deadline=None)
-@given(cache_size=st.integers(0, 40), items=requests_st, ops=st.lists(op_st, max_size=60))
-def test_lockstep_with_invariants_after_every_operation(cache_size, items, ops):
+@given(cache_size=st.integers(0, 40), items=requests_st, ops=st.lists(op_st, max_size=60), policy=policy_st)
+def test_lockstep_with_invariants_after_every_operation(cache_size, items, ops, policy):
     requests = [make_request(f"r{i}", its) for i, its in enumerate(items)]
-    rust, ref = RUST(cache_size), REF(cache_size)
+    rust, ref = RUST(cache_size, policy=policy), REF(cache_size, policy=policy)
     for op in ops:
         before = rust.snapshot()
         rust, rust_out = run_op(rust, requests, op)
@@ -90,10 +102,10 @@ def test_lockstep_with_invariants_after_every_operation(cache_size, items, ops):
 
 
 @settings(max_examples=60 * SCALE, deadline=None)
-@given(cache_size=st.integers(0, 40), items=requests_st, ops=st.lists(op_st, max_size=40))
-def test_snapshots_restore_across_implementations(cache_size, items, ops):
+@given(cache_size=st.integers(0, 40), items=requests_st, ops=st.lists(op_st, max_size=40), policy=policy_st)
+def test_snapshots_restore_across_implementations(cache_size, items, ops, policy):
     requests = [make_request(f"r{i}", its) for i, its in enumerate(items)]
-    rust = RUST(cache_size)
+    rust = RUST(cache_size, policy=policy)
     for op in ops:
         rust, _ = run_op(rust, requests, op)
     state = rust.snapshot()
@@ -346,6 +358,8 @@ ATOMIC_OPS = [
     "free_encoder_input",
     "free",
     "allocate_encoder_inputs",  # one input: all or nothing
+    "mark_waiting",
+    "unmark_waiting",
 ]
 #: A step walks the request's items like vLLM's loop: hits taken before a
 #: failing item stay, so only soundness is required of it, not atomicity.
@@ -385,6 +399,8 @@ def run_hostile(manager, request, op: str, input_id: int, callback: str, expecte
         "can_allocate": (request, input_id, 20, 0),
         "allocate": (request, input_id),
         "get_cached_input_ids": (request,),
+        "mark_waiting": (request,),
+        "unmark_waiting": (request,),
         "free_encoder_input": (request, input_id),
         "free": (request,),
         "allocate_encoder_inputs": (request, [input_id], []),

@@ -1,7 +1,8 @@
-"""The Rust step-level API reads an item's details (identifier, embed count,
-``is_embed`` mask) only when a call first needs the item, and then once: in
-vLLM, ``get_num_embeds()`` on a masked item runs a torch cumsum, and items a
-prefix-cache hit covers are never scheduled at all."""
+"""The Rust step-level API reads an item's details (identifier, ``is_embed``
+mask) only when a call first needs the item, and then once, and never calls
+``get_num_embeds()``: in vLLM that runs a torch cumsum on a masked item, and
+the embed count is the mask's true entries (or the length without one). Items
+a prefix-cache hit covers are never scheduled at all."""
 
 from __future__ import annotations
 
@@ -17,16 +18,17 @@ MANAGERS = [encoder_cache.EncoderCacheManager, encoder_cache.EncoderDecoderCache
 
 
 class CountingPlaceholder(ArrayPlaceholder):
-    """Counts ``get_num_embeds()`` calls; a poisoned one raises on any detail."""
+    """Counts reads of ``is_embed``; a poisoned one raises on any detail."""
 
     def __init__(self, offset: int, length: int, is_embed: Any = None, *, poisoned: bool = False) -> None:
         self.poisoned = poisoned
+        self.mask_reads = self.num_embeds_calls = 0
         super().__init__(offset, length, is_embed)
-        self.num_embeds_calls = 0
 
     @property  # type: ignore[override]
     def is_embed(self) -> Any:
         assert not self.poisoned, "is_embed of an item outside every window was read"
+        self.mask_reads += 1
         return self._mask
 
     @is_embed.setter
@@ -34,6 +36,7 @@ class CountingPlaceholder(ArrayPlaceholder):
         self._mask = value
 
     def get_num_embeds(self) -> int:
+        """The per-call API's size (vLLM's request.get_num_encoder_embeds); the step-level API never calls it."""
         assert not self.poisoned, "get_num_embeds() of an item outside every window was called"
         self.num_embeds_calls += 1
         return super().get_num_embeds()
@@ -54,7 +57,7 @@ class Feature:
         return self._identifier
 
     def reads(self) -> tuple[int, int]:
-        return self.identifier_reads, self.mm_position.num_embeds_calls
+        return self.identifier_reads, self.mm_position.mask_reads
 
 
 def test_items_outside_every_window_are_never_read() -> None:
@@ -92,6 +95,7 @@ def test_an_item_is_read_once_however_many_steps_see_it(cls: type) -> None:
     req.num_computed_tokens = 6
     assert manager.free_encoder_inputs_before(req, 6) == [0, 1]
     assert [f.reads() for f in features] == [(1, 1), (1, 1)]
+    assert [f.mm_position.num_embeds_calls for f in features] == [0, 0], "no torch cumsum per item"
 
 
 def test_allocation_reads_the_items_it_is_given() -> None:

@@ -17,16 +17,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m encoder_cache", description="encoder-cache tools")
+    parser = _Parser(prog="encoder_cache", description="encoder-cache tools", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     simulate = commands.add_parser(
         "simulate",
-        help="replay multimodal serving traffic through a vLLM-like scheduler and compare cache managers",
-        description="Replay generated multimodal serving traffic through a vLLM-like scheduler with each "
-        "chosen encoder-cache manager; report the encoder work and the bookkeeping time.",
+        prog=cli.PROG,
+        allow_abbrev=False,
+        help="replay multimodal serving traffic through a vLLM-like scheduler: which eviction policy, how much cache",
+        description="Replay multimodal serving traffic (a built-in workload or your --trace) through a vLLM-like "
+        "scheduler with each encoder-cache eviction policy and size; report the encoder work and its GPU time, "
+        "and recommend a policy and a size. See docs/simulator.md.",
     )
     cli.add_arguments(simulate)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # reported by the command's parser, under its name
+        simulate.error(f"unrecognized arguments: {' '.join(extras)}")
     return cli.main(args)
 
 

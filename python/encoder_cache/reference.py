@@ -3,7 +3,10 @@ and checked against.
 
 ``EncoderCacheManager`` here has the same API, semantics and errors as the Rust
 ``encoder_cache.EncoderCacheManager`` (vLLM 0.33's behaviour plus input
-validation). Two earlier behaviours are kept as small variants for comparison:
+validation), including the eviction policies (``policy=``, the decisions of
+``encoder_cache.policies``), lookahead marks, resizing and ``stats()``
+described in docs/policies.md; it also accepts a custom
+:class:`~encoder_cache.policies.EvictionPolicy` object. Two earlier behaviours are kept as small variants for comparison:
 
 - ``PreFixEncoderCacheManager``: a request's reference is dropped at the
   *first* freed occurrence of an item, so an item the request still needs can
@@ -76,10 +79,15 @@ def _index(input_id: Any) -> int:
     return input_id
 
 
+def _out_of_range(input_id: int, num_items: int) -> str:
+    items = "item" if num_items == 1 else "items"
+    return f"input_id {input_id} is out of range: the request has {num_items} multimodal {items}"
+
+
 def _identifier(request: Any, input_id: int) -> str:
     features = request.mm_features
     if isinstance(features, list) and input_id >= len(features):
-        raise IndexError(f"input_id {input_id} out of range: the request has {len(features)} multimodal items")
+        raise IndexError(_out_of_range(input_id, len(features)))
     return _str(features[input_id].identifier, "mm_features[i].identifier")
 
 
@@ -628,7 +636,7 @@ class EncoderCacheManager:
         num_items = len(request.mm_features)
         for input_id in [*input_ids, *duplicate_input_ids]:
             if _index(input_id) >= num_items:
-                raise IndexError(f"input_id {input_id} out of range: the request has {num_items} multimodal items")
+                raise IndexError(_out_of_range(input_id, num_items))
         for input_id in input_ids:
             self.allocate(request, input_id)
         for input_id in duplicate_input_ids:

@@ -42,8 +42,9 @@ class PlaceholderRange:
     _cumsum: tuple[int, ...] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
-        _check_count(self.offset, "offset")
-        _check_count(self.length, "length")
+        if not (type(self.offset) is int and type(self.length) is int and self.offset >= 0 and self.length >= 0):
+            _check_count(self.offset, "offset")  # the common case above skips the calls
+            _check_count(self.length, "length")
         if self.is_embed is not None:
             mask = tuple(bool(x) for x in self.is_embed)
             if len(mask) != self.length:
@@ -76,6 +77,8 @@ class MultiModalFeature:
     modality: str = "image"
 
     def __post_init__(self) -> None:
+        if type(self.identifier) is str and type(self.mm_position) is PlaceholderRange and type(self.modality) is str:
+            return  # the common case, checked without the calls below
         _check_str(self.identifier, "identifier")
         if not all(hasattr(self.mm_position, name) for name in ("offset", "length", "get_num_embeds")):
             raise TypeError(
@@ -102,14 +105,15 @@ class Request:
         _check_str(self.request_id, "request_id")
         if not isinstance(self.mm_features, list):
             raise TypeError(f"mm_features must be a list of MultiModalFeature, not {type(self.mm_features).__name__}")
-        for i, feature in enumerate(self.mm_features):
-            # Duck-typed features are welcome, and reading their attributes here could run their code:
-            # only built-in values (None, numbers, strings, containers) are refused.
-            if type(feature).__module__ == "builtins":
-                raise TypeError(
-                    f"mm_features[{i}] must be a MultiModalFeature (identifier, mm_position), "
-                    f"not {type(feature).__name__}"
-                )
+        if not all(type(feature) is MultiModalFeature for feature in self.mm_features):
+            for i, feature in enumerate(self.mm_features):
+                # Duck-typed features are welcome, and reading their attributes here could run their
+                # code: only built-in values (None, numbers, strings, containers) are refused.
+                if type(feature).__module__ == "builtins":
+                    raise TypeError(
+                        f"mm_features[{i}] must be a MultiModalFeature (identifier, mm_position), "
+                        f"not {type(feature).__name__}"
+                    )
         _check_count(self.num_computed_tokens, "num_computed_tokens")
         _check_count(self.num_output_placeholders, "num_output_placeholders")
 

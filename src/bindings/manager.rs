@@ -42,7 +42,7 @@ manager_methods!(PyEncoderCacheManager {
     fn new(cache_size: &Bound<'_, PyAny>, policy: &str) -> PyResult<Self> {
         let cache_size = count(cache_size, "cache_size")?;
         let policy = Policy::from_name(policy).ok_or_else(|| {
-            PyValueError::new_err(format!("unknown policy '{policy}'; choose one of {}", Policy::NAMES.join(", ")))
+            PyValueError::new_err(format!("policy must be one of {}, got {policy:?}", Policy::NAMES.join(", ")))
         })?;
         Ok(Self { state: ManagerState::new(EncoderCache::with_policy(cache_size, policy)) })
     }
@@ -169,11 +169,11 @@ manager_methods!(PyEncoderCacheManager {
     /// Return the input ids the request holds in the cache, as a new set.
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let py = slf.py();
-        let held = with_request_id(slf, request, |cache, id| cache.cached_input_ids(id).map(|held| held.positions().collect::<Vec<_>>()))?;
-        match held {
-            Some(positions) => PySet::new(py, positions),
+        // Built under the borrow: adding ints to a set runs no Python code.
+        with_request_id(slf, request, |cache, id| match cache.cached_input_ids(id) {
+            Some(held) => PySet::new(py, held.positions()),
             None => PySet::empty(py),
-        }
+        })?
     }
 
     /// Drop the request's hold on one input. The request's reference to the

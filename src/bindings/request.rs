@@ -63,7 +63,7 @@ pub(crate) fn feature<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyRe
 
 /// An input id past the request's items.
 pub(crate) fn out_of_range(input_id: usize, num_items: usize) -> PyErr {
-    PyIndexError::new_err(format!("input_id {input_id} out of range: the request has {num_items} multimodal items"))
+    PyIndexError::new_err(crate::step::StepError::InputOutOfRange { input_id, num_items }.to_string())
 }
 
 pub(crate) fn identifier<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Bound<'py, PyString>> {

@@ -11,13 +11,14 @@
 //!   for the new items when `mm_features` grew (streaming input), and again
 //!   for all after a call that failed while reading positions (which forgets
 //!   the rest of the records too);
-//! - the rest of an item (`identifier`, `mm_position.get_num_embeds()`,
-//!   `mm_position.is_embed`), once, when a call first needs it: the item is in
+//! - the rest of an item (`identifier`, `modality`, `mm_position.is_embed`,
+//!   whose true entries are its embeddings, as vLLM's `get_num_embeds()`
+//!   counts them), once, when a call first needs it: the item is in
 //!   the window of `try_schedule_encoder_inputs` ([`step::window`]) or is named
-//!   in `allocate_encoder_inputs`. Items a request never
-//!   schedules, such as those its prefix-cache hit already covers, are never
-//!   read, and `get_num_embeds()` (a torch cumsum in vLLM for a masked item)
-//!   runs at most once per item.
+//!   in `allocate_encoder_inputs`. Items a request never schedules, such as
+//!   those its prefix-cache hit already covers, are never read, and
+//!   `get_num_embeds()` (a torch cumsum in vLLM for a masked item) is never
+//!   called.
 
 use std::sync::Arc;
 
@@ -160,13 +161,11 @@ fn read_position(position: &Bound<'_, PyAny>) -> PyResult<Slot> {
 }
 
 /// An item's full record, at the position read before: the feature's
-/// `identifier`, and from its `mm_position` `get_num_embeds()` and the
-/// `is_embed` mask (None, a sequence of bools, or anything with `.tolist()`
-/// such as a tensor).
+/// `identifier` and `modality`, and its `mm_position.is_embed` mask (None, a
+/// sequence of bools, or anything with `.tolist()` such as a tensor).
 fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u64, length: u64) -> PyResult<Item> {
     let py = feature.py();
     let identifier = expect_str(feature.getattr(intern!(py, "identifier"))?, "mm_features[i].identifier")?;
-    let num_embeds = count(&position.call_method0(intern!(py, "get_num_embeds"))?, "mm_position.get_num_embeds()")?;
     let is_embed = position.getattr(intern!(py, "is_embed"))?;
     let mask = if is_embed.is_none() {
         None
@@ -181,6 +180,9 @@ fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u6
         }
         Some(mask)
     };
+    // vLLM's get_num_embeds(): the placeholder's length, or its mask's true entries. Counted here
+    // from the mask already read, where vLLM's method runs a torch cumsum per item.
+    let num_embeds = mask.as_ref().map_or(length, |mask| mask.iter().filter(|&&embed| embed).count() as u64);
     let item = Item::new(Arc::from(identifier.to_str()?), offset, length, num_embeds, mask.as_deref());
     Ok(item.with_modality(modality_of(feature)?))
 }

@@ -1,19 +1,24 @@
 """Seeded, deterministic multimodal serving workloads.
 
-A workload is a list of sessions. A session arrives at a step drawn from a
-Poisson process and sends its requests one after another: request ``i + 1``
-arrives ``think[i]`` steps after request ``i`` finished (a chat user reads the
-answer, then types the next turn). Every random draw comes from one
-``numpy.random.Generator`` seeded by ``WorkloadConfig.seed``, so the same
-config always gives the same workload.
+A workload is a list of requests in arrival order. A request that continues a
+chat session (``think`` is set) arrives ``think`` steps after the session's
+previous request finished (a user reads the answer, then types), and never
+before its ``arrival`` step; every other request arrives at its ``arrival``
+step. Every random draw comes from one ``numpy.random.Generator`` seeded by
+``WorkloadConfig.seed``, so the same config always gives the same workload.
 
 Prompt layout: every multimodal item is wrapped in one start and one end token
 (as vision-language chat templates do), and all of an item's placeholder
-tokens receive an embedding.
+tokens receive an embedding. A chat turn re-sends the whole conversation: its
+prompt begins with the previous turn's prompt and answer, token for token.
+
+The parameters, and the published traffic they are shaped after, are
+documented in docs/simulator.md.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -24,7 +29,6 @@ __all__ = [
     "KINDS",
     "Item",
     "RequestSpec",
-    "Session",
     "Workload",
     "WorkloadConfig",
     "generate",
@@ -32,8 +36,9 @@ __all__ = [
 ]
 
 KINDS = ("chat", "video", "popular", "mix")
-#: Session arrival rates that load the default scheduler without swamping its KV cache.
-DEFAULT_RATES = {"chat": 0.05, "video": 0.02, "popular": 0.5, "mix": 0.1}
+#: Session arrival rates (per scheduler step) that keep the default scheduler
+#: busy, with a waiting queue at bursts, without swamping its KV cache.
+DEFAULT_RATES = {"chat": 0.03, "video": 0.004, "popular": 0.3, "mix": 0.03}
 Range = tuple[int, int]
 
 
@@ -42,11 +47,16 @@ def option(default: Any, help: str, metavar: str | None = None, flag: str | None
     return field(default=default, metadata={"help": help, "metavar": metavar, "flag": flag, "choices": choices})
 
 
+def _finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+
+
 @dataclass(frozen=True)
 class WorkloadConfig:
     """Every knob of the generated traffic. Ranges are inclusive ``(min, max)``."""
 
-    kind: str = option("chat", "the traffic", flag="--workload", choices=KINDS)
+    kind: str = option("mix", "the traffic", flag="--workload", choices=KINDS)
     requests: int = option(2000, "number of requests to generate (the scale)", "N")
     seed: int = option(0, "random seed: the same seed gives the same workload and the same counters", "N")
     arrival_rate: float | None = option(
@@ -57,20 +67,22 @@ class WorkloadConfig:
         "RATE",
     )
     system_tokens: int = option(64, "system-prompt tokens at the start of every request", "N")
-    text_tokens: Range = option((16, 256), "text tokens of each user message")
-    output_tokens: Range = option((16, 256), "tokens each request decodes")
-    image_embeds: Range = option((256, 1280), "encoder embeddings per image")
+    text_tokens: Range = option((16, 512), "text tokens of each user message")
+    output_tokens: Range = option((16, 512), "tokens each request decodes")
+    image_embeds: Range = option((256, 1280), "chat: encoder embeddings per image")
     turns: Range = option((2, 8), "chat: turns per conversation")
     images_per_turn: Range = option((0, 2), "chat: new images per turn (the first turn has at least one)")
     repeat_prob: float = option(
-        0.5, "chat: chance that a turn re-attaches an earlier image (recent ones likelier)", "P"
+        0.3, "chat: chance that a turn re-attaches an earlier image (recent ones likelier)", "P"
     )
-    think_steps: float = option(20.0, "chat: mean steps between an answer and the next turn", "STEPS")
-    frames: Range = option((100, 300), "video: frame items per video")
+    think_steps: float = option(200.0, "chat: mean steps between an answer and the next turn", "STEPS")
+    frames: Range = option((16, 64), "video: frame items per video")
     frame_embeds: Range = option((64, 256), "video: encoder embeddings per frame (drawn once per video)")
-    catalogue: int = option(32, "popular: number of distinct popular images", "N")
-    zipf: float = option(1.1, "popular: Zipf exponent of image popularity", "S")
-    popular_images: Range = option((1, 2), "popular: images per request")
+    video_catalogue: int = option(50, "video: distinct videos; a request picks one by Zipf popularity", "N")
+    catalogue: int = option(1000, "popular: number of distinct images", "N")
+    zipf: float = option(0.9, "popular and video: Zipf exponent of popularity", "S")
+    popular_embeds: Range = option((64, 2560), "popular: embeddings per image, log-uniform (thumbnail to multi-tile)")
+    popular_images: Range = option((1, 8), "popular: images per request, heavy-tailed (P(k) ~ k^-2.5 within the range)")
     mix: tuple[float, float, float] = option(
         (2.0, 1.0, 2.0), "mix: weights of chat, video and popular sessions", "C:V:P"
     )
@@ -80,6 +92,10 @@ class WorkloadConfig:
             raise ValueError(f"unknown workload {self.kind!r}; choose one of {', '.join(KINDS)}")
         if self.arrival_rate is None:
             object.__setattr__(self, "arrival_rate", DEFAULT_RATES[self.kind])
+        for name in ("arrival_rate", "repeat_prob", "think_steps", "zipf"):
+            _finite(name, getattr(self, name))
+        for weight in self.mix:
+            _finite("mix", weight)
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type == "Range":
@@ -90,8 +106,10 @@ class WorkloadConfig:
             "requests": self.requests,
             "arrival_rate": self.arrival_rate,
             "catalogue": self.catalogue,
+            "video_catalogue": self.video_catalogue,
             "image_embeds min": self.image_embeds[0],
             "frame_embeds min": self.frame_embeds[0],
+            "popular_embeds min": self.popular_embeds[0],
             "output_tokens min": self.output_tokens[0],
             "turns min": self.turns[0],
             "frames min": self.frames[0],
@@ -119,14 +137,10 @@ class WorkloadConfig:
             return (self.kind,)
         return tuple(k for k, w in zip(KINDS, self.mix) if w > 0)
 
-    def max_embeds_per_item(self) -> dict[str, int]:
-        """The largest item per modality, as a model would declare it for the encoder budget."""
-        largest = {}
-        if {"chat", "popular"} & set(self.kinds):
-            largest["image"] = self.image_embeds[1]
-        if "video" in self.kinds:
-            largest["video"] = self.frame_embeds[1]
-        return largest
+    def describe(self) -> str:
+        return (
+            f"workload {self.kind}: {self.requests:,} requests, seed {self.seed}, {self.arrival_rate:g} sessions/step"
+        )
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,13 @@ class Item:
 @dataclass(frozen=True)
 class RequestSpec:
     request_id: str
+    #: The step it arrives at, or for a continued session turn the earliest.
+    arrival: int
+    #: Chat session it belongs to, or None.
+    session: str | None
+    #: Steps after the session's previous request finished (None: open loop).
+    think: int | None
+    #: Whole prompt length in tokens: text, wrapper tokens and placeholders.
     prompt_tokens: int
     output_tokens: int
     items: tuple[Item, ...]  # sorted by offset
@@ -150,24 +171,32 @@ class RequestSpec:
 
 
 @dataclass(frozen=True)
-class Session:
-    arrival: int
-    requests: tuple[RequestSpec, ...]
-    think: tuple[int, ...]  # steps before request i + 1 arrives, after request i finished
-
-
-@dataclass(frozen=True)
 class Workload:
-    config: WorkloadConfig
-    sessions: tuple[Session, ...]
+    """Requests in arrival order, with what the scheduler needs to size the encoder budget."""
 
-    @property
+    config: Any  # WorkloadConfig, or a trace's description
+    specs: tuple[RequestSpec, ...]
+
     def requests(self) -> Iterator[RequestSpec]:
-        return (r for s in self.sessions for r in s.requests)
+        return iter(self.specs)
 
     @property
     def num_requests(self) -> int:
-        return sum(len(s.requests) for s in self.sessions)
+        return len(self.specs)
+
+    def max_embeds_per_item(self) -> dict[str, int]:
+        """The largest item per modality in the traffic: it stands for the
+        model's declared maximum when vLLM sizes the encoder budget (a trace
+        knows no other, and the same rule keeps export and replay alike)."""
+        largest: dict[str, int] = {}
+        for spec in self.specs:
+            for item in spec.items:
+                if largest.get(item.modality, 0) < item.length:
+                    largest[item.modality] = item.length
+        return largest
+
+    def describe(self) -> str:
+        return self.config.describe()
 
 
 class _Prompt:
@@ -184,29 +213,36 @@ class _Prompt:
         self.items.append(Item(identifier, self.length + 1, embeds, modality))
         self.length += embeds + 2
 
-    def spec(self, request_id: str, output_tokens: int) -> RequestSpec:
-        return RequestSpec(request_id, self.length, output_tokens, tuple(self.items))
-
 
 class _Generator:
     def __init__(self, config: WorkloadConfig) -> None:
         self.config = config
         self.rng = np.random.default_rng(config.seed)
         c = config
-        self.catalogue_embeds = [self.draw(c.image_embeds) for _ in range(c.catalogue)]
-        ranks = np.arange(1, c.catalogue + 1, dtype=float)
-        weights = ranks**-c.zipf
-        self.popularity = weights / weights.sum()
+        lo, hi = np.log(c.popular_embeds[0]), np.log(c.popular_embeds[1] + 1)
+        self.catalogue_embeds = [int(np.exp(self.rng.uniform(lo, hi))) for _ in range(c.catalogue)]
+        self.popularity = self._zipf(c.catalogue)
+        self.video_popularity = self._zipf(c.video_catalogue)
+        self.videos: dict[int, tuple[int, int]] = {}  # video -> (frames, embeds per frame)
+        counts = np.arange(c.popular_images[0], c.popular_images[1] + 1)
+        weights = counts.astype(float) ** -2.5
+        self.image_counts, self.image_count_p = counts, weights / weights.sum()
+
+    def _zipf(self, n: int) -> np.ndarray:
+        weights = np.arange(1, n + 1, dtype=float) ** -self.config.zipf
+        return weights / weights.sum()
 
     def draw(self, bounds: Range) -> int:
         return int(self.rng.integers(bounds[0], bounds[1] + 1))
 
-    def chat(self, name: str, max_requests: int) -> tuple[list[RequestSpec], list[int]]:
-        """One conversation: every turn re-sends the whole history, images included."""
+    def chat(self, name: str, max_requests: int) -> list[tuple[RequestSpec, int]]:
+        """One conversation: every turn re-sends the whole history, images
+        included. Returns (spec without timing, think steps before it)."""
         c = self.config
         history: list[tuple[str, int, str]] = []  # (kind, size, identifier): "text" or "image"
         images: list[tuple[str, int]] = []
-        specs, think = [], []
+        out: list[tuple[RequestSpec, int]] = []
+        think = 0
         for turn in range(min(self.draw(c.turns), max_requests)):
             message: list[tuple[str, int, str]] = []
             if images and self.rng.random() < c.repeat_prob:
@@ -226,48 +262,69 @@ class _Generator:
                 else:
                     prompt.item(identifier, size, "image")
             output = self.draw(c.output_tokens)
-            specs.append(prompt.spec(f"{name}-turn{turn}", output))
+            spec = RequestSpec(f"{name}-turn{turn}", 0, name, None, prompt.length, output, tuple(prompt.items))
+            out.append((spec, think))
             history += [*message, ("text", output, "")]
-            think.append(int(self.rng.exponential(c.think_steps)) if c.think_steps else 0)
-        return specs, think[:-1]
+            think = int(self.rng.exponential(c.think_steps)) if c.think_steps else 0
+        return out
 
     def video(self, name: str) -> RequestSpec:
+        """A question about one video of a popular catalogue (its frames are the items)."""
         c = self.config
+        video = int(self.rng.choice(c.video_catalogue, p=self.video_popularity))
+        if video not in self.videos:
+            self.videos[video] = (self.draw(c.frames), self.draw(c.frame_embeds))
+        frames, embeds = self.videos[video]
         prompt = _Prompt(c.system_tokens)
-        embeds = self.draw(c.frame_embeds)
-        for frame in range(self.draw(c.frames)):
-            prompt.item(f"{name}-frame{frame}", embeds, "video")
+        for frame in range(frames):
+            prompt.item(f"video{video}-frame{frame}", embeds, "video")
         prompt.text(self.draw(c.text_tokens))
-        return prompt.spec(name, self.draw(c.output_tokens))
+        return RequestSpec(name, 0, None, None, prompt.length, self.draw(c.output_tokens), tuple(prompt.items))
 
     def popular(self, name: str) -> RequestSpec:
         c = self.config
         prompt = _Prompt(c.system_tokens)
-        count = self.draw(c.popular_images)
+        count = int(self.rng.choice(self.image_counts, p=self.image_count_p))
         for rank in self.rng.choice(c.catalogue, size=count, replace=False, p=self.popularity):
             prompt.item(f"popular{rank}", self.catalogue_embeds[rank], "image")
         prompt.text(self.draw(c.text_tokens))
-        return prompt.spec(name, self.draw(c.output_tokens))
+        return RequestSpec(name, 0, None, None, prompt.length, self.draw(c.output_tokens), tuple(prompt.items))
 
-    def sessions(self) -> Iterator[Session]:
+    def specs(self) -> list[RequestSpec]:
         c = self.config
         kinds = c.kinds
         weights = np.array([w for k, w in zip(KINDS, c.mix) if k in kinds]) if c.kind == "mix" else np.ones(1)
         weights = weights / weights.sum()
         remaining, clock, index = c.requests, 0.0, 0
+        timed: list[tuple[int, int, RequestSpec]] = []
         while remaining > 0:
             clock += self.rng.exponential(1.0 / c.arrival_rate)
             kind = kinds[int(self.rng.choice(len(kinds), p=weights))]
             name = f"{kind}{index}"
+            arrival = int(clock)
             if kind == "chat":
-                specs, think = self.chat(name, remaining)
+                turns = self.chat(name, remaining)
+                for turn, (spec, think) in enumerate(turns):
+                    if turn:
+                        # Never before the previous turn's earliest arrival, one step, and the think time.
+                        arrival += 1 + think
+                    timed.append((arrival, len(timed), _timed(spec, arrival, think if turn else None)))
+                remaining -= len(turns)
             else:
-                specs, think = [self.video(name) if kind == "video" else self.popular(name)], []
-            yield Session(int(clock), tuple(specs), tuple(think))
-            remaining -= len(specs)
+                spec = self.video(name) if kind == "video" else self.popular(name)
+                timed.append((arrival, len(timed), _timed(spec, arrival, None)))
+                remaining -= 1
             index += 1
+        timed.sort(key=lambda t: (t[0], t[1]))
+        return [spec for _, _, spec in timed]
+
+
+def _timed(spec: RequestSpec, arrival: int, think: int | None) -> RequestSpec:
+    return RequestSpec(
+        spec.request_id, arrival, spec.session, think, spec.prompt_tokens, spec.output_tokens, spec.items
+    )
 
 
 def generate(config: WorkloadConfig) -> Workload:
     """The workload ``config`` describes; the same config always gives the same one."""
-    return Workload(config, tuple(_Generator(config).sessions()))
+    return Workload(config, tuple(_Generator(config).specs()))

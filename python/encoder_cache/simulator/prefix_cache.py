@@ -1,0 +1,152 @@
+"""The KV cache as vLLM V1 keeps it: a pool of fixed-size blocks, with
+automatic prefix caching.
+
+A request holds one block per ``block_size`` tokens it has computed or is
+computing. A block becomes *cached* once it is full: it is keyed by a hash
+chained over the prefix (the parent block's hash and this block's tokens;
+multimodal placeholder tokens contribute their item's identifier, as vLLM's
+``extra_keys`` do). A freed block keeps its key and stays reusable until the
+pool hands it out again; free blocks are handed out least recently freed
+first, and a request frees its blocks tail first, so a prompt's last blocks
+go before its first ones (vLLM's ``FreeKVCacheBlockQueue``). On admission the
+scheduler looks the request's full blocks up in order and skips the longest
+cached prefix (at most all but the last token, which must be computed).
+
+Token identity: the simulator has no token ids, so a request's tokens are
+described by *origins*: ranges ``[start, end)`` whose tokens are those of
+origin ``key`` at the same positions. A request's own new text and answer
+have the request as origin; a chat turn inherits its session's previous turn's
+origins over the prefix they share. Two blocks have the same hash exactly
+when their prefixes have the same origins and items.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import OrderedDict
+
+from encoder_cache.simulator.workloads import Item
+
+__all__ = ["BLOCK_SIZE", "BlockHasher", "BlockPool"]
+
+#: vLLM's default KV block size, in tokens.
+BLOCK_SIZE = 16
+
+
+class BlockHasher:
+    """The chained hashes of one request's full blocks, computed as needed."""
+
+    __slots__ = ("block_size", "hashes", "item_ends", "item_ids", "item_starts", "origin_starts", "origins")
+
+    def __init__(self, origins: list[tuple[int, int, str]], items: tuple[Item, ...], block_size: int) -> None:
+        self.block_size = block_size
+        self.origins = origins  # sorted, contiguous from 0: (start, end, key)
+        self.origin_starts = [o[0] for o in origins]
+        self.item_starts = [i.offset for i in items]
+        self.item_ends = [i.offset + i.length for i in items]
+        self.item_ids = [i.identifier for i in items]
+        self.hashes: list[int] = []
+
+    def upto(self, num_blocks: int) -> list[int]:
+        """The hashes of the first ``num_blocks`` full blocks."""
+        hashes, size = self.hashes, self.block_size
+        if len(hashes) >= num_blocks:
+            return hashes
+        parent = hashes[-1] if hashes else 0
+        origins, item_starts, item_ends, item_ids = self.origins, self.item_starts, self.item_ends, self.item_ids
+        lo = len(hashes) * size
+        k = bisect_right(self.origin_starts, lo) - 1
+        i = bisect_right(item_ends, lo)
+        num_items, num_origins = len(item_starts), len(origins)
+        while len(hashes) < num_blocks:
+            hi = lo + size
+            while origins[k][1] <= lo:
+                k += 1
+            _, end, key = origins[k]
+            if end >= hi:
+                content: object = (key, lo)
+            else:
+                pieces: list[object] = [(key, lo, end)]
+                j = k + 1
+                while j < num_origins and origins[j][0] < hi:
+                    pieces.append((origins[j][2], origins[j][0], min(origins[j][1], hi)))
+                    j += 1
+                content = tuple(pieces)
+            while i < num_items and item_ends[i] <= lo:
+                i += 1
+            if i < num_items and item_starts[i] < hi:
+                ids = []
+                j = i
+                while j < num_items and item_starts[j] < hi:
+                    ids.append(item_ids[j])
+                    j += 1
+                content = (content, *ids)
+            parent = hash((parent, content))
+            hashes.append(parent)
+            lo = hi
+        return hashes
+
+
+class BlockPool:
+    """Blocks with reference counts, a hash -> block map for full blocks, and
+    the free list in eviction order (least recently freed first)."""
+
+    def __init__(self, num_blocks: int, caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.caching = caching
+        self.refs = [0] * num_blocks
+        self.key: list[int | None] = [None] * num_blocks
+        self.by_hash: dict[int, int] = {}
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def longest_prefix(self, hashes: list[int]) -> list[int]:
+        """The cached blocks of the longest prefix of ``hashes``."""
+        blocks = []
+        if self.caching:
+            for h in hashes:
+                block = self.by_hash.get(h)
+                if block is None:
+                    break
+                blocks.append(block)
+        return blocks
+
+    def num_reclaimed_by(self, blocks: list[int]) -> int:
+        """How many of ``blocks`` (cached hits) sit in the free list: taking them shrinks it."""
+        return sum(1 for b in blocks if not self.refs[b])
+
+    def touch(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if not self.refs[b]:
+                del self.free[b]
+            self.refs[b] += 1
+
+    def allocate(self, n: int) -> list[int]:
+        """``n`` fresh blocks from the free list's head; their old keys are forgotten."""
+        blocks = []
+        for _ in range(n):
+            b, _ = self.free.popitem(last=False)
+            key = self.key[b]
+            if key is not None:
+                self.key[b] = None
+                if self.by_hash.get(key) == b:
+                    del self.by_hash[key]
+            self.refs[b] = 1
+            blocks.append(b)
+        return blocks
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop a request's blocks, tail first (the tail is then evicted first)."""
+        for b in reversed(blocks):
+            self.refs[b] -= 1
+            if not self.refs[b]:
+                self.free[b] = None
+
+    def cache(self, block: int, h: int) -> None:
+        """Key a full block; a block with the same hash already cached wins (as in vLLM)."""
+        if self.caching and self.key[block] is None and h not in self.by_hash:
+            self.key[block] = h
+            self.by_hash[h] = block
