@@ -253,7 +253,8 @@ def _fields(obj: Any, keys: tuple[str, ...], what: str, optional: dict[str, Any]
             raise ValueError(f"{what} has no {key!r} key")
     optional = optional or {}
     if len(obj) - sum(key in obj for key in optional) != len(keys):
-        raise ValueError(f"{what} must have exactly the keys {list(keys)}, and optionally {list(optional)}")
+        optionally = f", and optionally {list(optional)}" if optional else ""
+        raise ValueError(f"{what} must have exactly the keys {list(keys)}{optionally}")
     return {**optional, **obj}
 
 

@@ -195,18 +195,7 @@ fn pair<'py>(py: Python<'py>, a: impl IntoPyObject<'py>, b: impl IntoPyObject<'p
 /// The values of `obj`, a dict with exactly `keys`, in that order: a dump of
 /// the other manager kind, or a truncated one, is refused by name.
 fn fields<'py, const N: usize>(obj: &Bound<'py, PyAny>, keys: &[&str; N], what: &str) -> PyResult<[Bound<'py, PyAny>; N]> {
-    let dict = obj.cast::<PyDict>().map_err(|_| PyTypeError::new_err(format!("{what} must be a dict")))?;
-    if dict.len() != N {
-        return Err(PyValueError::new_err(format!("{what} must have exactly the keys {keys:?}")));
-    }
-    let mut values = Vec::with_capacity(N);
-    for key in keys {
-        match dict.get_item(key)? {
-            Some(value) => values.push(value),
-            None => return Err(PyValueError::new_err(format!("{what} has no '{key}' key"))),
-        }
-    }
-    Ok(values.try_into().unwrap_or_else(|_| unreachable!("one value per key")))
+    Ok(fields_and_optional(obj, keys, &[], what)?.0)
 }
 
 /// The values of `obj`, a dict with every one of `keys` and any of
@@ -234,7 +223,8 @@ fn fields_and_optional<'py, const N: usize, const M: usize>(
         extra.push(value);
     }
     if dict.len() != N + present {
-        return Err(PyValueError::new_err(format!("{what} must have exactly the keys {keys:?}, and optionally {optional:?}")));
+        let optionally = if M == 0 { String::new() } else { format!(", and optionally {optional:?}") };
+        return Err(PyValueError::new_err(format!("{what} must have exactly the keys {keys:?}{optionally}")));
     }
     let required = required.try_into().unwrap_or_else(|_| unreachable!("one value per key"));
     let extra = extra.try_into().unwrap_or_else(|_| unreachable!("one value per key"));
