@@ -119,14 +119,14 @@ pub struct HostBlockCache<T> {
 }
 
 impl<T> HostBlockCache<T> {
-    /// A cache of `num_blocks` free blocks (at most `u32::MAX`, which is
-    /// checked by the caller: larger counts are clamped).
-    pub fn new(num_blocks: usize, policy: HostPolicy) -> Self {
-        let num_blocks = num_blocks.min(u32::MAX as usize);
-        // Fits: clamped just above.
-        #[allow(clippy::cast_possible_truncation)]
-        let free = (0..num_blocks as u32).collect();
-        Self {
+    /// A cache of `num_blocks` free blocks, or None when `num_blocks` is
+    /// beyond `u32::MAX` or its free stack cannot be allocated.
+    pub fn try_new(num_blocks: usize, policy: HostPolicy) -> Option<Self> {
+        let top = u32::try_from(num_blocks).ok()?;
+        let mut free = Vec::new();
+        free.try_reserve_exact(num_blocks).ok()?;
+        free.extend(0..top);
+        Some(Self {
             num_blocks,
             free,
             index: HashMap::new(),
@@ -137,7 +137,7 @@ impl<T> HostBlockCache<T> {
             order: EvictionOrder::new(policy),
             next_stamp: 1,
             stats: HostStats::default(),
-        }
+        })
     }
 
     pub fn policy(&self) -> HostPolicy {

@@ -36,8 +36,14 @@ fn names_round_trip_and_fifo_is_the_default() {
 }
 
 #[test]
+fn sizes_beyond_u32_are_refused() {
+    assert!(Cache::try_new(u32::MAX as usize + 1, HostPolicy::Fifo).is_none());
+    assert_eq!(Cache::try_new(0, HostPolicy::Fifo).unwrap().num_blocks(), 0);
+}
+
+#[test]
 fn blocks_come_from_the_top_of_the_stack_in_ascending_order() {
-    let mut cache = Cache::new(8, HostPolicy::Fifo);
+    let mut cache = Cache::try_new(8, HostPolicy::Fifo).unwrap();
     assert_eq!(alloc(&mut cache, "a", 3), Some(vec![5, 6, 7]));
     assert_eq!(alloc(&mut cache, "b", 2), Some(vec![3, 4]));
     cache.discard("a").unwrap();
@@ -49,7 +55,7 @@ fn blocks_come_from_the_top_of_the_stack_in_ascending_order() {
 
 #[test]
 fn fifo_evicts_in_the_order_entries_became_evictable() {
-    let mut cache = Cache::new(6, HostPolicy::Fifo);
+    let mut cache = Cache::try_new(6, HostPolicy::Fifo).unwrap();
     ready(&mut cache, "a", 2);
     ready(&mut cache, "b", 2);
     ready(&mut cache, "c", 2);
@@ -64,7 +70,7 @@ fn fifo_evicts_in_the_order_entries_became_evictable() {
 
 #[test]
 fn a_failing_alloc_evicts_nothing_and_held_entries_stay() {
-    let mut cache = Cache::new(4, HostPolicy::Fifo);
+    let mut cache = Cache::try_new(4, HostPolicy::Fifo).unwrap();
     ready(&mut cache, "a", 2);
     alloc(&mut cache, "writing", 1);
     cache.pin("a").unwrap();
@@ -79,7 +85,7 @@ fn a_failing_alloc_evicts_nothing_and_held_entries_stay() {
 
 #[test]
 fn refusals_change_nothing() {
-    let mut cache = Cache::new(4, HostPolicy::Fifo);
+    let mut cache = Cache::try_new(4, HostPolicy::Fifo).unwrap();
     ready(&mut cache, "a", 1);
     alloc(&mut cache, "w", 1);
     let before = (cache.free_blocks().to_vec(), cache.eviction_order().join(","), cache.stats(), cache.has_held_entries());
@@ -99,7 +105,7 @@ fn refusals_change_nothing() {
 
 #[test]
 fn a_failing_payload_puts_the_blocks_back() {
-    let mut cache = Cache::new(4, HostPolicy::Fifo);
+    let mut cache = Cache::try_new(4, HostPolicy::Fifo).unwrap();
     let free = cache.free_blocks().to_vec();
     assert_eq!(cache.alloc("a", 3, 3, |_| Err("no memory")).err(), Some(AllocError::Payload("no memory")));
     assert_eq!(cache.free_blocks(), free);
@@ -108,7 +114,7 @@ fn a_failing_payload_puts_the_blocks_back() {
 
 #[test]
 fn gdsf_keeps_the_loaded_and_the_costly_per_block() {
-    let mut cache = Cache::new(100, HostPolicy::Gdsf);
+    let mut cache = Cache::try_new(100, HostPolicy::Gdsf).unwrap();
     ready(&mut cache, "once", 10);
     ready(&mut cache, "loaded", 10);
     ready(&mut cache, "big", 60);
@@ -123,7 +129,7 @@ fn gdsf_keeps_the_loaded_and_the_costly_per_block() {
 
 #[test]
 fn s3fifo_evicts_never_loaded_entries_first_and_main_goes_round() {
-    let mut cache = Cache::new(6, HostPolicy::S3Fifo);
+    let mut cache = Cache::try_new(6, HostPolicy::S3Fifo).unwrap();
     ready(&mut cache, "hot", 2);
     cache.pin("hot").unwrap();
     cache.unpin("hot").unwrap(); // main lane, one credit
@@ -163,7 +169,7 @@ impl Rng {
 #[test]
 fn every_policy_keeps_its_rules_over_long_random_sequences() {
     for policy in HostPolicy::ALL {
-        let mut cache = Cache::new(40, policy);
+        let mut cache = Cache::try_new(40, policy).unwrap();
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for step in 0..20_000 {
             let key = format!("k{}", rng.below(30));
