@@ -8,7 +8,7 @@ holds the pure-Python implementation they are checked and measured against.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from encoder_cache._core import POLICIES, EncoderCacheManager, EncoderDecoderCacheManager
+from encoder_cache._core import HOST_POLICIES, POLICIES, EncoderCacheManager, EncoderDecoderCacheManager, HostBlockCache
 from encoder_cache.budget import SchedulerConfig, compute_mm_encoder_budget
 from encoder_cache.invariants import InvariantError
 from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
@@ -19,9 +19,11 @@ except PackageNotFoundError:  # imported from a source tree without installing
     __version__ = "0+unknown"
 
 __all__ = [
+    "HOST_POLICIES",
     "POLICIES",
     "EncoderCacheManager",
     "EncoderDecoderCacheManager",
+    "HostBlockCache",
     "InvariantError",
     "MultiModalFeature",
     "PlaceholderRange",
