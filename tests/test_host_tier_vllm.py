@@ -1,0 +1,272 @@
+"""The host-tier connector against vLLM 0.33's own ``ECCPUConnector``.
+
+- Lockstep: random operation sequences through vLLM's ``EmbeddingCache`` and
+  ``HostBlockCache(policy="fifo")``: every return value (entries as their
+  fields), every refusal (vLLM's AssertionError is our ValueError, KeyError
+  is KeyError), the free-block stack, the eviction order, the evictable
+  block count, every entry and every entry object a caller still holds,
+  compared after every call.
+- End to end: vLLM's real ``Scheduler`` on CPU (tests/vllm_harness.py) with
+  vLLM's ``ECCPUConnector`` and with ``encoder_cache.vllm.HostTierConnector``,
+  the worker's save and load reports faked from each step's metadata: under
+  ``"fifo"`` every step's scheduling, saves and loads are vLLM's; the other
+  policies load from the host tier too.
+
+Skipped unless vLLM 0.33 is importable; run with /work/vllm-venv (docs/vllm.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+if not vllm.__version__.startswith("0.33."):
+    pytest.skip(f"needs vLLM 0.33.x, found {vllm.__version__}", allow_module_level=True)
+
+import vllm_harness as harness  # noqa: E402
+from host_tier_twin import random_operations  # noqa: E402
+from vllm.config import CacheConfig, DeviceConfig, ECTransferConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.distributed.ec_transfer.ec_connector.cpu.common import ECCPUWorkerMetadata  # noqa: E402
+from vllm.distributed.ec_transfer.ec_connector.cpu.scheduler.embedding_cache import EmbeddingCache  # noqa: E402
+from vllm.v1.outputs import ECConnectorOutput  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+import encoder_cache.vllm as hook  # noqa: E402
+from encoder_cache import HOST_POLICIES, HostBlockCache  # noqa: E402
+from encoder_cache.host_tier import HostTierScheduler  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+
+# --- lockstep with EmbeddingCache ----------------------------------------------
+
+
+def outcome(call):
+    try:
+        result = call()
+    except AssertionError:
+        return ("raised", ValueError)  # vLLM asserts where we raise ValueError
+    except (KeyError, ValueError) as exc:
+        return ("raised", type(exc))
+    return ("ok", fields(result))
+
+
+def fields(entry):
+    if entry is None or isinstance(entry, bool):
+        return entry
+    return (tuple(entry.block_ids), entry.shape, entry.ready, entry.evictable)
+
+
+def vllm_state(cache: EmbeddingCache) -> dict:
+    return {
+        "free_blocks": list(cache._free_blocks),
+        "eviction_order": list(cache._entries_free_list),
+        "evictable_blocks": cache._evictable_block_count,
+        "held": cache.has_held_entries(),
+        "entries": {key: fields(entry) for key, entry in sorted(cache._entries.items())},
+    }
+
+
+def our_state(cache: HostBlockCache) -> dict:
+    return {
+        "free_blocks": cache.free_blocks,
+        "eviction_order": cache.eviction_order(),
+        "evictable_blocks": cache.evictable_blocks,
+        "held": cache.has_held_entries(),
+        "entries": {key: fields(cache.get(key)) for key in sorted(cache.keys())},
+    }
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fifo_is_embedding_cache_call_for_call(seed):
+    num_blocks = 6 + seed % 10  # allocations beyond the pool come up too
+    theirs, ours = EmbeddingCache(num_blocks), HostBlockCache(num_blocks)
+    held = []
+    for step, (method, args) in enumerate(random_operations(seed, 700, num_keys=14, max_blocks=8)):
+        want = outcome(lambda: getattr(theirs, method)(*args))  # noqa: B023
+        got = outcome(lambda: getattr(ours, method)(*args))  # noqa: B023
+        assert got == want, (step, method, args)
+        if method in ("alloc", "get", "pin_if_ready") and want[0] == "ok" and want[1] is not None:
+            held.append((theirs.get(args[0]), ours.get(args[0])))
+        state = vllm_state(theirs)
+        assert our_state(ours) == state, (step, method, args)
+        for their_entry, our_entry in held[-30:]:
+            assert (our_entry.ready, our_entry.evictable) == (their_entry.ready, their_entry.evictable)
+    evicted = ours.stats()["evictions"]
+    assert evicted > 5, "the sequence must evict"
+    ours.check_invariants()
+
+
+def test_the_entry_api_is_vllms():
+    """Every public member of vLLM's cache and entry is on ours."""
+    from vllm.distributed.ec_transfer.ec_connector.cpu.scheduler.embedding_cache import CacheEntry
+
+    def public(cls):
+        return {n for n in dir(cls) if not n.startswith("_")}
+
+    assert public(EmbeddingCache) <= public(HostBlockCache)
+    # CacheEntry's mark_ready and pin mutate it directly; vLLM only calls them from inside its cache.
+    assert public(CacheEntry) - {"mark_ready", "pin"} <= public(type(HostBlockCache(1).alloc("x", 0)))
+
+
+# --- vLLM's real scheduler with the connector ----------------------------------
+
+HIDDEN = harness._LLAVA_CONFIG["text_config"]["hidden_size"]
+ROW_BYTES = HIDDEN * 2  # float16: one block per embedding row
+
+
+def build(model, setup, connector: str, extra: dict) -> object:
+    """vLLM's Scheduler with the CPU connector ``connector`` (vLLM's name, or ours)."""
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=setup.max_num_seqs,
+        max_num_batched_tokens=setup.max_num_batched_tokens,
+        max_model_len=model.max_model_len,
+        enable_chunked_prefill=True,
+        async_scheduling=False,
+        is_multimodal_model=True,
+        is_encoder_decoder=False,
+    )
+    scheduler_config.encoder_cache_size = setup.encoder_cache_size
+    scheduler_config.max_num_encoder_input_tokens = setup.encoder_compute_budget
+    ec = ECTransferConfig(
+        ec_connector=connector,
+        ec_connector_module_path=None if connector == "ECCPUConnector" else "encoder_cache.vllm",
+        ec_role="ec_both",
+        ec_connector_extra_config=extra,
+    )
+    # An engine measures this at startup by encoding a dummy image.
+    ec.mm_encoder_output_widths = {"image": HIDDEN}
+    cache_config = CacheConfig(block_size=harness.BLOCK_SIZE, enable_prefix_caching=True)
+    vllm_config = VllmConfig(
+        model_config=model,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+        device_config=DeviceConfig(device="cpu"),
+        ec_transfer_config=ec,
+    )
+    cache_config.num_gpu_blocks = setup.num_blocks
+    kv = harness.KVCacheConfig(
+        num_blocks=setup.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            harness.KVCacheGroupSpec(
+                ["layer"],
+                harness.FullAttentionSpec(
+                    block_size=harness.BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=harness.torch.float32
+                ),
+            )
+        ],
+    )
+    return vllm_config.scheduler_config.get_scheduler_cls()(
+        vllm_config=vllm_config,
+        kv_cache_config=kv,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=harness.BLOCK_SIZE,
+        mm_registry=harness._ImageRegistry(setup.max_image_tokens),
+    )
+
+
+def drive(scheduler, specs, max_steps: int = 20_000) -> list[dict]:
+    """Run ``specs`` to the end, the worker reporting every save and load of a
+    step as done in that step's output (as a worker whose copies land in
+    time does); one record per step."""
+    requests = [harness.make_request(spec) for spec in specs]
+    records = []
+    pending = 0
+    try:
+        for step in range(max_steps):
+            while pending < len(requests) and specs[pending].arrival_step <= step:
+                scheduler.add_request(requests[pending])
+                pending += 1
+            if pending == len(requests) and not scheduler.has_unfinished_requests():
+                return records
+            out = scheduler.schedule()
+            meta = out.ec_connector_metadata
+            model_output = harness.fake_model_output(scheduler, out)
+            model_output.ec_connector_output = ECConnectorOutput(
+                ec_connector_worker_meta=ECCPUWorkerMetadata(
+                    completed_saves=list(meta.saves), completed_loads=[t for t, _, _ in meta.loads.values()]
+                )
+            )
+            scheduler.update_from_output(out, model_output)
+            records.append(
+                {
+                    "tokens": dict(out.num_scheduled_tokens),
+                    "encoded": {r: list(ids) for r, ids in out.scheduled_encoder_inputs.items()},
+                    "freed": list(out.free_encoder_mm_hashes),
+                    "saves": dict(meta.saves),
+                    "loads": {h: (blocks, shape) for h, (_, blocks, shape) in meta.loads.items()},
+                }
+            )
+        raise AssertionError(f"unfinished after {max_steps} steps")
+    finally:
+        scheduler.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return harness.model_config(tmp_path_factory.mktemp("tiny-llava"))
+
+
+@pytest.fixture
+def v2_runner(monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+
+
+SETUP = harness.Setup(encoder_cache_size=256, encoder_compute_budget=256)
+# A host region of 640 rows: it holds a few of the pool's images and must evict.
+EXTRA = {"ec_cpu_bytes": 640 * ROW_BYTES}
+
+
+def _specs():
+    return harness.conversations(seed=3, num_conversations=20, num_turns=4, num_images=30)
+
+
+def _totals(records):
+    return {
+        "encoded": sum(len(ids) for step in records for ids in step["encoded"].values()),
+        "loaded": sum(len(step["loads"]) for step in records),
+        "saved": sum(len(step["saves"]) for step in records),
+    }
+
+
+def test_fifo_schedules_saves_and_loads_as_vllms_connector(model, v2_runner):
+    vllms = build(model, SETUP, "ECCPUConnector", EXTRA)
+    hosts = build(model, SETUP, "HostTierConnector", {**EXTRA, "ec_cpu_policy": "fifo"})
+    assert type(vllms.ec_connector.connector_scheduler._cache) is EmbeddingCache
+    assert type(hosts.ec_connector.connector_scheduler._cache) is HostBlockCache
+    stock, ours = drive(vllms, _specs()), drive(hosts, _specs())
+    for step, (a, b) in enumerate(zip(stock, ours)):
+        assert a == b, f"step {step}: { ({k: (a[k], b[k]) for k in a if a[k] != b[k]}) }"
+    assert len(stock) == len(ours)
+    totals = _totals(stock)
+    assert totals["loaded"] > 0 and totals["encoded"] > 0, totals
+    # The region is small: some saves had to evict, so the policy had a choice to make.
+    assert totals["saved"] * 64 > 640, totals
+    # Loads replace encodes: without the connector, vLLM encodes every loaded item again.
+    without = harness.run(harness.build_scheduler("stock", model, SETUP), _specs()).steps
+    assert (
+        sum(len(ids) for step in without for ids in step["encoder_inputs"].values())
+        == totals["encoded"] + totals["loaded"]
+    )
+
+
+@pytest.mark.parametrize("policy", HOST_POLICIES[1:])
+def test_other_policies_run_in_the_real_scheduler(model, v2_runner, policy):
+    scheduler = build(model, SETUP, "HostTierConnector", {**EXTRA, "ec_cpu_policy": policy})
+    delegate = scheduler.ec_connector.connector_scheduler
+    assert isinstance(delegate, HostTierScheduler) and delegate.host_cache.policy == policy
+    cache = delegate.host_cache
+    records = drive(scheduler, _specs())
+    cache.check_invariants()
+    assert not cache.has_held_entries(), "every load was unpinned, every save marked ready"
+    totals = _totals(records)
+    assert totals["loaded"] > 0 and cache.stats()["evictions"] > 0, (totals, cache.stats())
+
+
+def test_connector_names_and_a_bad_policy(model, v2_runner):
+    assert hook.ECCPUConnector is hook.HostTierConnector
+    with pytest.raises(ValueError, match="ec_cpu_policy must be one of fifo, gdsf, s3fifo, got 'lru'"):
+        build(model, SETUP, "HostTierConnector", {**EXTRA, "ec_cpu_policy": "lru"})
+    with pytest.raises(AttributeError):
+        hook.NoSuchConnector  # noqa: B018
