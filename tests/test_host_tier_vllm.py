@@ -115,9 +115,13 @@ HIDDEN = harness._LLAVA_CONFIG["text_config"]["hidden_size"]
 ROW_BYTES = HIDDEN * 2  # float16: one block per embedding row
 
 
-def build(model, setup, connector: str, extra: dict) -> object:
-    """vLLM's Scheduler with the CPU connector ``connector`` (vLLM's name, or ours)."""
+def build(model, setup, connector: str, extra: dict, variant: str = "stock") -> object:
+    """vLLM's Scheduler with the CPU connector ``connector`` (vLLM's name, or
+    ours), and our manager or scheduler subclass as ``variant`` says
+    (``harness.VARIANTS``)."""
+    manager_cls, scheduler_cls = harness.VARIANTS[variant]
     scheduler_config = SchedulerConfig(
+        scheduler_cls=scheduler_cls[False],
         max_num_seqs=setup.max_num_seqs,
         max_num_batched_tokens=setup.max_num_batched_tokens,
         max_model_len=model.max_model_len,
@@ -143,6 +147,7 @@ def build(model, setup, connector: str, extra: dict) -> object:
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
         ec_transfer_config=ec,
+        ec_manager_config=harness.EncoderCacheManagerConfig(encoder_cache_manager_cls=manager_cls),
     )
     cache_config.num_gpu_blocks = setup.num_blocks
     kv = harness.KVCacheConfig(
@@ -230,11 +235,15 @@ def _totals(records):
     }
 
 
-def test_fifo_schedules_saves_and_loads_as_vllms_connector(model, v2_runner):
+@pytest.mark.parametrize("variant", list(harness.VARIANTS))
+def test_fifo_schedules_saves_and_loads_as_vllms_connector(model, v2_runner, variant):
+    """Stock vLLM with its connector against ours, alone or with our manager or scheduler."""
     vllms = build(model, SETUP, "ECCPUConnector", EXTRA)
-    hosts = build(model, SETUP, "HostTierConnector", {**EXTRA, "ec_cpu_policy": "fifo"})
+    hosts = build(model, SETUP, "HostTierConnector", {**EXTRA, "ec_cpu_policy": "fifo"}, variant)
     assert type(vllms.ec_connector.connector_scheduler._cache) is EmbeddingCache
     assert type(hosts.ec_connector.connector_scheduler._cache) is HostBlockCache
+    assert isinstance(hosts, hook.Scheduler) == (variant == "scheduler")
+    assert isinstance(hosts.encoder_cache_manager, hook.EncoderCacheManager) == (variant != "stock")
     stock, ours = drive(vllms, _specs()), drive(hosts, _specs())
     for step, (a, b) in enumerate(zip(stock, ours)):
         assert a == b, f"step {step}: { ({k: (a[k], b[k]) for k in a if a[k] != b[k]}) }"
