@@ -111,9 +111,8 @@ impl PyHostBlockCache {
     #[pyo3(signature = (num_blocks, *, policy = "fifo"))]
     fn new(num_blocks: &Bound<'_, PyAny>, policy: &str) -> PyResult<Self> {
         let n = non_negative(num_blocks, "num_blocks")?;
-        let policy = HostPolicy::from_name(policy).ok_or_else(|| {
-            PyValueError::new_err(format!("policy must be one of {}, got {policy:?}", HostPolicy::NAMES.join(", ")))
-        })?;
+        let policy = HostPolicy::from_name(policy)
+            .ok_or_else(|| PyValueError::new_err(format!("policy must be one of {}, got {policy:?}", HostPolicy::NAMES.join(", "))))?;
         if n > u64::from(u32::MAX) {
             return Err(PyValueError::new_err(format!("num_blocks must be < 2**32, got {n}")));
         }
@@ -155,7 +154,13 @@ impl PyHostBlockCache {
     /// `n_blocks` that is not a non-negative int or a `shape` that is not None
     /// or a tuple of two non-negative ints.
     #[pyo3(signature = (key, n_blocks, shape = None))]
-    fn alloc(&mut self, py: Python<'_>, key: &str, n_blocks: &Bound<'_, PyAny>, shape: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Entry>> {
+    fn alloc(
+        &mut self,
+        py: Python<'_>,
+        key: &str,
+        n_blocks: &Bound<'_, PyAny>,
+        shape: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Entry>> {
         let n = non_negative(n_blocks, "n_blocks")?;
         let n = usize::try_from(n).unwrap_or(usize::MAX);
         let (shape, rows) = match shape {
