@@ -17,6 +17,9 @@ Skipped unless vLLM 0.33 is importable; run with /work/vllm-venv (docs/vllm.md).
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 
 vllm = pytest.importorskip("vllm")
@@ -32,7 +35,7 @@ from vllm.v1.outputs import ECConnectorOutput  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 import encoder_cache.vllm as hook  # noqa: E402
-from encoder_cache import HOST_POLICIES, HostBlockCache  # noqa: E402
+from encoder_cache import HOST_POLICIES, HostBlockCache, host_tier  # noqa: E402
 from encoder_cache.host_tier import HostTierScheduler  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -273,9 +276,44 @@ def test_other_policies_run_in_the_real_scheduler(model, v2_runner, policy):
     assert totals["loaded"] > 0 and cache.stats()["evictions"] > 0, (totals, cache.stats())
 
 
-def test_connector_names_and_a_bad_policy(model, v2_runner):
-    assert hook.ECCPUConnector is hook.HostTierConnector
-    with pytest.raises(ValueError, match="ec_cpu_policy must be one of fifo, gdsf, s3fifo, got 'lru'"):
-        build(model, SETUP, "HostTierConnector", {**EXTRA, "ec_cpu_policy": "lru"})
+def test_connector_names(model, v2_runner):
+    assert hook.ECCPUConnector is hook.HostTierConnector is host_tier.HostTierConnector
     with pytest.raises(AttributeError):
         hook.NoSuchConnector  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"ec_cpu_policy": "lru"}, "ec_cpu_policy must be one of fifo, gdsf, s3fifo, got 'lru'"),
+        ({"ec_cpu_policy": None}, "ec_cpu_policy must be one of"),
+        ({"ec_cpu_log_stats_interval": -1}, "ec_cpu_log_stats_interval must be a number of seconds >= 0"),
+        ({"ec_cpu_log_stats_interval": "60"}, "ec_cpu_log_stats_interval must be a number of seconds >= 0"),
+        ({"ec_cpu_log_stats_interval": True}, "ec_cpu_log_stats_interval must be a number of seconds >= 0"),
+    ],
+)
+def test_bad_options_stop_the_scheduler_before_the_region_is_mapped(model, v2_runner, extra, message):
+    regions = set(Path("/dev/shm").glob("vllm_ec_*"))
+    with pytest.raises(ValueError, match=message):
+        build(model, SETUP, "HostTierConnector", {**EXTRA, **extra})
+    assert set(Path("/dev/shm").glob("vllm_ec_*")) == regions, "no region file left behind"
+
+
+def test_the_counters_are_logged_every_interval(model, v2_runner, monkeypatch, caplog):
+    clock = [100.0]
+    monkeypatch.setattr(host_tier.time, "monotonic", lambda: clock[0])
+    scheduler = build(model, SETUP, "HostTierConnector", {**EXTRA, "ec_cpu_log_stats_interval": 30})
+    delegate = scheduler.ec_connector.connector_scheduler
+    with caplog.at_level(logging.INFO, logger="vllm.encoder_cache"):
+        delegate.build_connector_meta(None)  # the first step starts the interval
+        delegate.host_cache.alloc("img", 8, (8, HIDDEN))
+        clock[0] += 29
+        delegate.build_connector_meta(None)
+        assert "loads" not in caplog.text
+        clock[0] += 2
+        delegate.build_connector_meta(None)
+    scheduler.shutdown()
+    assert "encoder cache host tier: 0 loads, 1 saves (0 not saved for want of space), 0 evictions, 1 entries" in (
+        caplog.text
+    )
+    assert f"using 8 of {delegate.host_cache.num_blocks} blocks" in caplog.text

@@ -28,6 +28,10 @@ exports this class under both names).
 
 from __future__ import annotations
 
+import logging
+import math
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.distributed.ec_transfer.ec_connector.cpu.connector import ECCPUConnector as _VllmECCPUConnector
@@ -36,22 +40,63 @@ from vllm.distributed.ec_transfer.ec_connector.cpu.scheduler import ECCPUSchedul
 import encoder_cache.vllm  # noqa: F401  (checks that the installed vLLM is a supported one)
 from encoder_cache._core import HOST_POLICIES, HostBlockCache
 
-__all__ = ["HOST_POLICIES", "POLICY_KEY", "ECCPUConnector", "HostTierConnector", "HostTierScheduler", "host_policy"]
+__all__ = [
+    "HOST_POLICIES",
+    "LOG_INTERVAL_KEY",
+    "POLICY_KEY",
+    "ECCPUConnector",
+    "HostTierConnector",
+    "HostTierOptions",
+    "HostTierScheduler",
+    "stats_line",
+]
 
 #: The ``ec_connector_extra_config`` key naming the host tier's eviction policy.
 POLICY_KEY = "ec_cpu_policy"
+#: The key of the seconds between the host tier's log lines (0: none).
+LOG_INTERVAL_KEY = "ec_cpu_log_stats_interval"
+
+_logger = logging.getLogger("vllm.encoder_cache")
 
 
-def host_policy(ec_transfer_config: Any) -> str:
-    """The policy ``ec_connector_extra_config`` names (default ``"fifo"``);
-    ValueError naming the key for anything but a name in ``HOST_POLICIES``."""
-    extra = getattr(ec_transfer_config, "ec_connector_extra_config", None) or {}
-    policy = extra.get(POLICY_KEY, HOST_POLICIES[0])
-    if policy not in HOST_POLICIES:
-        raise ValueError(
-            f"ec_connector_extra_config {POLICY_KEY} must be one of {', '.join(HOST_POLICIES)}, got {policy!r}"
-        )
-    return str(policy)
+@dataclass(frozen=True)
+class HostTierOptions:
+    """Our keys of ``ec_connector_extra_config`` (vLLM's own, such as
+    ``ec_cpu_bytes``, are vLLM's to check).
+
+    - ``ec_cpu_policy``: a name from ``HOST_POLICIES`` (default ``"fifo"``).
+    - ``ec_cpu_log_stats_interval``: seconds between the host tier's log
+      lines (loads, saves, evictions, fill); 0 turns them off (default 60).
+    """
+
+    policy: str = "fifo"
+    log_stats_interval: float = 60.0
+
+    @classmethod
+    def parse(cls, ec_transfer_config: Any) -> HostTierOptions:
+        """The options of ``ec_transfer_config``; ValueError naming the key for a bad value."""
+        extra = getattr(ec_transfer_config, "ec_connector_extra_config", None) or {}
+        policy = extra.get(POLICY_KEY, HOST_POLICIES[0])
+        if policy not in HOST_POLICIES:
+            raise ValueError(
+                f"ec_connector_extra_config {POLICY_KEY} must be one of {', '.join(HOST_POLICIES)}, got {policy!r}"
+            )
+        interval = extra.get(LOG_INTERVAL_KEY, 60.0)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < math.inf:
+            raise ValueError(
+                f"ec_connector_extra_config {LOG_INTERVAL_KEY} must be a number of seconds >= 0, got {interval!r}"
+            )
+        return cls(str(policy), float(interval))
+
+
+def stats_line(stats: dict[str, int], num_blocks: int) -> str:
+    """One log line of ``HostBlockCache.stats()``."""
+    used = num_blocks - stats["free_blocks"]
+    return (
+        f"encoder cache host tier: {stats['pins']} loads, {stats['allocs']} saves "
+        f"({stats['alloc_failures']} not saved for want of space), {stats['evictions']} evictions, "
+        f"{stats['entries']} entries using {used} of {num_blocks} blocks"
+    )
 
 
 class HostTierScheduler(_VllmECCPUScheduler):
@@ -60,9 +105,16 @@ class HostTierScheduler(_VllmECCPUScheduler):
 
     def __init__(self, vllm_config: Any) -> None:
         # Checked before vLLM maps the region, so a bad value leaves nothing behind.
-        self._host_policy = host_policy(vllm_config.ec_transfer_config)
+        self._host_options = HostTierOptions.parse(vllm_config.ec_transfer_config)
+        self._next_log = 0.0
         super().__init__(vllm_config)
         self._use_host_block_cache()
+        _logger.info(
+            "encoder cache host tier: %d blocks of %d bytes, policy %s",
+            self._region.num_blocks,
+            self._region.block_size_bytes,
+            self._host_options.policy,
+        )
 
     def _setup_nixl(self, vllm_config: Any) -> None:
         # vLLM's NIXL producer session keeps the cache it is given: give it ours.
@@ -71,12 +123,23 @@ class HostTierScheduler(_VllmECCPUScheduler):
 
     def _use_host_block_cache(self) -> None:
         if not isinstance(self._cache, HostBlockCache):
-            self._cache = HostBlockCache(self._region.num_blocks, policy=self._host_policy)
+            self._cache = HostBlockCache(self._region.num_blocks, policy=self._host_options.policy)
 
     @property
     def host_cache(self) -> HostBlockCache:
         """The block cache of the host region (``stats()``, ``eviction_order()``, ...)."""
         return self._cache
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        # Once per scheduler step: the place to log the counters now and then.
+        interval = self._host_options.log_stats_interval
+        if interval:
+            now = time.monotonic()
+            if now >= self._next_log:
+                if self._next_log:
+                    _logger.info("%s", stats_line(self._cache.stats(), self._cache.num_blocks))
+                self._next_log = now + interval
+        return super().build_connector_meta(scheduler_output)
 
 
 class HostTierConnector(_VllmECCPUConnector):
