@@ -96,6 +96,11 @@ def drive(scheduler, specs, max_steps: int = 20_000) -> list[dict]:
             if pending == len(requests) and not scheduler.has_unfinished_requests():
                 return records
             out = scheduler.schedule()
+            embeds = sum(
+                scheduler.requests[r].mm_features[i].mm_position.get_num_embeds()
+                for r, ids in out.scheduled_encoder_inputs.items()
+                for i in ids
+            )
             meta = out.ec_connector_metadata
             model_output = harness.fake_model_output(scheduler, out)
             model_output.ec_connector_output = ECConnectorOutput(
@@ -108,6 +113,7 @@ def drive(scheduler, specs, max_steps: int = 20_000) -> list[dict]:
                 {
                     "tokens": dict(out.num_scheduled_tokens),
                     "encoded": {r: list(ids) for r, ids in out.scheduled_encoder_inputs.items()},
+                    "encoded_embeds": embeds,
                     "freed": list(out.free_encoder_mm_hashes),
                     "saves": dict(meta.saves),
                     "loads": {h: (blocks, shape) for h, (_, blocks, shape) in meta.loads.items()},
@@ -119,9 +125,11 @@ def drive(scheduler, specs, max_steps: int = 20_000) -> list[dict]:
 
 
 def totals(records: list[dict]) -> dict[str, int]:
-    """Items encoded on the GPU, loaded from the host tier, and saved to it, over a run."""
+    """Items encoded on the GPU, loaded from the host tier and saved to it, and
+    the embeddings encoded, over a run."""
     return {
         "encoded": sum(len(ids) for step in records for ids in step["encoded"].values()),
         "loaded": sum(len(step["loads"]) for step in records),
         "saved": sum(len(step["saves"]) for step in records),
+        "encoded_embeds": sum(step["encoded_embeds"] for step in records),
     }
