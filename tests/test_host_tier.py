@@ -8,6 +8,8 @@ compares the cache with vLLM's own ``EmbeddingCache``."""
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import inspect
 from pathlib import Path
 
@@ -180,3 +182,11 @@ def test_docstrings_match_the_stub(name):
     assert public == sorted(m for m in stub if m)
     for member in public:
         assert inspect.getdoc(inspect.getattr_static(cls, member)) == stub[member], member
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_the_connector_module_says_what_to_install_without_vllm():
+    with pytest.raises(
+        ImportError, match=r"needs vLLM 0\.33\.x, which is not installed: pip install 'vllm==0\.33\.\*'"
+    ):
+        importlib.import_module("encoder_cache.host_tier")

@@ -34,16 +34,25 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.distributed.ec_transfer.ec_connector.cpu.connector import ECCPUConnector as _VllmECCPUConnector
-from vllm.distributed.ec_transfer.ec_connector.cpu.scheduler import ECCPUScheduler as _VllmECCPUScheduler
-
-import encoder_cache.vllm  # noqa: F401  (checks that the installed vLLM is a supported one)
+import encoder_cache.vllm as _hook
 from encoder_cache._core import HOST_POLICIES, HostBlockCache
+
+#: The vLLM series this connector is written for: importing encoder_cache.vllm
+#: above refused any other with an ImportError saying what to install.
+SUPPORTED_SERIES = _hook.SUPPORTED_SERIES
+
+from vllm.distributed.ec_transfer.ec_connector.cpu.connector import (  # noqa: E402
+    ECCPUConnector as _VllmECCPUConnector,
+)
+from vllm.distributed.ec_transfer.ec_connector.cpu.scheduler import (  # noqa: E402
+    ECCPUScheduler as _VllmECCPUScheduler,
+)
 
 __all__ = [
     "HOST_POLICIES",
     "LOG_INTERVAL_KEY",
     "POLICY_KEY",
+    "SUPPORTED_SERIES",
     "ECCPUConnector",
     "HostTierConnector",
     "HostTierOptions",
