@@ -13,6 +13,7 @@ in the environment when the scheduler is built.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import vllm_harness as harness
@@ -31,12 +32,12 @@ def build(model, setup, connector: str, extra: dict, variant: str = "stock") -> 
     (``harness.VARIANTS``)."""
     manager_cls, scheduler_cls = harness.VARIANTS[variant]
     scheduler_config = SchedulerConfig(
-        scheduler_cls=scheduler_cls[False],
+        scheduler_cls=scheduler_cls[setup.async_scheduling],
         max_num_seqs=setup.max_num_seqs,
         max_num_batched_tokens=setup.max_num_batched_tokens,
         max_model_len=model.max_model_len,
         enable_chunked_prefill=True,
-        async_scheduling=False,
+        async_scheduling=setup.async_scheduling,
         is_multimodal_model=True,
         is_encoder_decoder=False,
     )
@@ -81,47 +82,60 @@ def build(model, setup, connector: str, extra: dict, variant: str = "stock") -> 
     )
 
 
-def drive(scheduler, specs, max_steps: int = 20_000) -> list[dict]:
+def drive(scheduler, specs, max_steps: int = 20_000, in_flight: int = 1) -> list[dict]:
     """Run ``specs`` to the end, the worker reporting every save and load of a
-    step as done in that step's output (as a worker whose copies land in
-    time does); one record per step."""
+    step as done in that step's output (a worker whose copies land within the
+    step); one record per step, taken when it is scheduled. ``in_flight=2``
+    runs as vLLM's engine does with async scheduling: the next step is
+    scheduled before the previous step's output comes back."""
     requests = [harness.make_request(spec) for spec in specs]
     records = []
+    batches: deque[tuple[Any, Any]] = deque()
     pending = 0
     try:
         for step in range(max_steps):
             while pending < len(requests) and specs[pending].arrival_step <= step:
                 scheduler.add_request(requests[pending])
                 pending += 1
-            if pending == len(requests) and not scheduler.has_unfinished_requests():
+            if pending == len(requests) and not scheduler.has_unfinished_requests() and not batches:
                 return records
             out = scheduler.schedule()
-            embeds = sum(
-                scheduler.requests[r].mm_features[i].mm_position.get_num_embeds()
-                for r, ids in out.scheduled_encoder_inputs.items()
-                for i in ids
-            )
-            meta = out.ec_connector_metadata
-            model_output = harness.fake_model_output(scheduler, out)
-            model_output.ec_connector_output = ECConnectorOutput(
-                ec_connector_worker_meta=ECCPUWorkerMetadata(
-                    completed_saves=list(meta.saves), completed_loads=[t for t, _, _ in meta.loads.values()]
-                )
-            )
-            scheduler.update_from_output(out, model_output)
-            records.append(
-                {
-                    "tokens": dict(out.num_scheduled_tokens),
-                    "encoded": {r: list(ids) for r, ids in out.scheduled_encoder_inputs.items()},
-                    "encoded_embeds": embeds,
-                    "freed": list(out.free_encoder_mm_hashes),
-                    "saves": dict(meta.saves),
-                    "loads": {h: (blocks, shape) for h, (_, blocks, shape) in meta.loads.items()},
-                }
-            )
+            records.append(_record(scheduler, out))
+            batches.append((out, _model_output(scheduler, out)))
+            # An empty step means everything waits on outputs: take the oldest back.
+            while len(batches) >= in_flight or (batches and not out.total_num_scheduled_tokens):
+                scheduler.update_from_output(*batches.popleft())
         raise AssertionError(f"unfinished after {max_steps} steps")
     finally:
         scheduler.shutdown()
+
+
+def _model_output(scheduler: Any, out: Any) -> Any:
+    """The fake model output, with the worker's report of the step's saves and loads."""
+    meta = out.ec_connector_metadata
+    model_output = harness.fake_model_output(scheduler, out)
+    model_output.ec_connector_output = ECConnectorOutput(
+        ec_connector_worker_meta=ECCPUWorkerMetadata(
+            completed_saves=list(meta.saves), completed_loads=[t for t, _, _ in meta.loads.values()]
+        )
+    )
+    return model_output
+
+
+def _record(scheduler: Any, out: Any) -> dict[str, Any]:
+    meta = out.ec_connector_metadata
+    return {
+        "tokens": dict(out.num_scheduled_tokens),
+        "encoded": {r: list(ids) for r, ids in out.scheduled_encoder_inputs.items()},
+        "encoded_embeds": sum(
+            scheduler.requests[r].mm_features[i].mm_position.get_num_embeds()
+            for r, ids in out.scheduled_encoder_inputs.items()
+            for i in ids
+        ),
+        "freed": list(out.free_encoder_mm_hashes),
+        "saves": dict(meta.saves),
+        "loads": {h: (blocks, shape) for h, (_, blocks, shape) in meta.loads.items()},
+    }
 
 
 def totals(records: list[dict]) -> dict[str, int]:

@@ -17,6 +17,7 @@ Skipped unless vLLM 0.33 is importable; run with /work/vllm-venv (docs/vllm.md).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -133,15 +134,19 @@ def _specs():
 
 
 @pytest.mark.parametrize("variant", list(harness.VARIANTS))
-def test_fifo_schedules_saves_and_loads_as_vllms_connector(model, v2_runner, variant):
-    """Stock vLLM with its connector against ours, alone or with our manager or scheduler."""
-    vllms = build(model, SETUP, "ECCPUConnector", EXTRA)
-    hosts = build(model, SETUP, "HostTierConnector", {**EXTRA, "ec_cpu_policy": "fifo"}, variant)
+@pytest.mark.parametrize("in_flight", [1, 2], ids=["sync", "async"])
+def test_fifo_schedules_saves_and_loads_as_vllms_connector(model, v2_runner, variant, in_flight):
+    """Stock vLLM with its connector against ours, alone or with our manager or
+    scheduler, under sync scheduling and async (two steps in flight)."""
+    setup = dataclasses.replace(SETUP, async_scheduling=in_flight == 2)
+    vllms = build(model, setup, "ECCPUConnector", EXTRA)
+    hosts = build(model, setup, "HostTierConnector", {**EXTRA, "ec_cpu_policy": "fifo"}, variant)
     assert type(vllms.ec_connector.connector_scheduler._cache) is EmbeddingCache
     assert type(hosts.ec_connector.connector_scheduler._cache) is HostBlockCache
-    assert isinstance(hosts, hook.Scheduler) == (variant == "scheduler")
+    ours_cls = hook.AsyncScheduler if setup.async_scheduling else hook.Scheduler
+    assert isinstance(hosts, ours_cls) == (variant == "scheduler")
     assert isinstance(hosts.encoder_cache_manager, hook.EncoderCacheManager) == (variant != "stock")
-    stock, ours = drive(vllms, _specs()), drive(hosts, _specs())
+    stock, ours = drive(vllms, _specs(), in_flight=in_flight), drive(hosts, _specs(), in_flight=in_flight)
     for step, (a, b) in enumerate(zip(stock, ours)):
         assert a == b, f"step {step}: { ({k: (a[k], b[k]) for k in a if a[k] != b[k]}) }"
     assert len(stock) == len(ours)
@@ -150,7 +155,7 @@ def test_fifo_schedules_saves_and_loads_as_vllms_connector(model, v2_runner, var
     # The region is small: the saves took more blocks than it has, so some evicted and the policy chose.
     assert sum(len(blocks) for step in stock for blocks in step["saves"].values()) > REGION_ROWS
     # Loads replace encodes: without the connector, vLLM encodes every loaded item again.
-    without = harness.run(harness.build_scheduler("stock", model, SETUP), _specs()).steps
+    without = harness.run(harness.build_scheduler("stock", model, setup), _specs(), in_flight=in_flight).steps
     assert (
         sum(len(ids) for step in without for ids in step["encoder_inputs"].values())
         == counts["encoded"] + counts["loaded"]
