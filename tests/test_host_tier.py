@@ -11,6 +11,9 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import random
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -190,3 +193,46 @@ def test_the_connector_module_says_what_to_install_without_vllm():
         ImportError, match=r"needs vLLM 0\.33\.x, which is not installed: pip install 'vllm==0\.33\.\*'"
     ):
         importlib.import_module("encoder_cache.host_tier")
+
+
+def test_threads_hammering_one_cache_serialise():
+    """Saves and loads from four threads over shared keys, with a tiny switch
+    interval: each call runs whole under the GIL, so a race between two
+    threads' calls is at worst refused (KeyError, ValueError: the caller's
+    race, changing nothing), never a borrow error, and the state stays sound."""
+    cache = HostBlockCache(40, policy="s3fifo")
+    unexpected: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def worker(t: int) -> None:
+        rng = random.Random(t)
+        barrier.wait()
+        try:
+            for _ in range(3000):
+                key = f"mm-{rng.randrange(20)}"
+                try:
+                    if rng.random() < 0.5:
+                        if cache.alloc(key, rng.randrange(1, 8)) is not None:
+                            cache.mark_ready(key)  # only the thread that allocated it marks it
+                    else:
+                        cache.pin(key)  # refused unless ready: then this thread holds a pin
+                        cache.unpin(key)
+                except (KeyError, ValueError):
+                    pass  # another thread got there first
+        except BaseException as err:
+            unexpected.append(err)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert unexpected == []
+    cache.check_invariants()
+    assert not cache.has_held_entries(), "every pin taken was released, every alloc marked ready"
+    assert cache.stats()["evictions"] > 0 and cache.stats()["pins"] > 0
