@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import encoder_cache._core as _core
-from encoder_cache.reference import StepResult
+from encoder_cache.step_api import StepResult
 
 SUPPORTED_SERIES = "0.33"
 VERSION_OVERRIDE_ENV = "ENCODER_CACHE_ALLOW_VLLM_VERSION"
