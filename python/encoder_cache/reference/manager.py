@@ -40,7 +40,7 @@ class EncoderCacheManager(StepLevelAPI):
 
     ``policy`` chooses the victims among unreferenced entries: a name from
     :data:`POLICIES` (``"vllm"``, the default, is vLLM 0.33's rule) or an
-    :class:`~encoder_cache.policies.EvictionPolicy` object. ``mark_waiting`` /
+    :class:`~encoder_cache.reference.policies.EvictionPolicy` object. ``mark_waiting`` /
     ``unmark_waiting`` add lookahead, ``stats()`` counts hits, misses,
     evictions and re-encodes, and assigning ``cache_size`` resizes the cache.
     """
