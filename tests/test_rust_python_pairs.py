@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import make_request
+from conftest import OddRequest, make_request
 
 import encoder_cache
 from encoder_cache import MultiModalFeature, PlaceholderRange, Request, reference
@@ -31,23 +31,6 @@ RUST = encoder_cache.EncoderCacheManager
 TWIN = reference.EncoderCacheManager
 RUST_ENC_DEC = encoder_cache.EncoderDecoderCacheManager
 TWIN_ENC_DEC = reference.EncoderDecoderCacheManager
-
-
-class _Feature:
-    def __init__(self, identifier, size):
-        self.identifier = identifier
-        self.size = size
-
-
-class _OddRequest:
-    """A request whose id, identifiers and sizes are whatever the case says."""
-
-    def __init__(self, request_id, identifiers, sizes):
-        self.request_id = request_id
-        self.mm_features = [_Feature(i, s) for i, s in zip(identifiers, sizes, strict=True)]
-
-    def get_num_encoder_embeds(self, input_id):
-        return self.mm_features[input_id].size
 
 
 # --- constants ---------------------------------------------------------------
@@ -157,7 +140,7 @@ def test_evicted_memory():
 
 
 def test_unknown_modality():
-    request = _OddRequest("r", ["a"], [2])  # features with no modality
+    request = OddRequest("r", ["a"], [2])  # features with no modality
     for cls in (RUST, TWIN):
         manager = cls(4)
         manager.allocate(request, 0)
@@ -205,13 +188,13 @@ CACHE_CASES = {
     "input out of range, one item": (_busy, lambda m: m.check_and_update_cache(make_request("r", ["a"], [1]), 1)),
     "input out of range, items": (_busy, lambda m: m.can_allocate(make_request("r", ["a", "b"], [1, 1]), 5, 9, 0)),
     "input negative": (_busy, lambda m: m.get_cached_num_encoder_embeds(make_request("r", ["a"], [1]), -1)),
-    "request id not str": (_busy, lambda m: m.allocate(_OddRequest(7, ["a"], [1]), 0)),
-    "identifier not str": (_busy, lambda m: m.check_and_update_cache(_OddRequest("r", [b"a"], [1]), 0)),
-    "embeds not int": (_busy, lambda m: m.can_allocate(_OddRequest("r", ["a"], [1.0]), 0, 9, 0)),
-    "embeds bool": (_busy, lambda m: m.can_allocate(_OddRequest("r", ["a"], [True]), 0, 9, 0)),
-    "embeds negative": (_busy, lambda m: m.can_allocate(_OddRequest("r", ["a"], [-2]), 0, 9, 0)),
-    "embeds too large": (_busy, lambda m: m.can_allocate(_OddRequest("r", ["a"], [2**64]), 0, 9, 0)),
-    "waiting identifier not str": (_busy, lambda m: m.mark_waiting(_OddRequest("w", [None], [1]))),
+    "request id not str": (_busy, lambda m: m.allocate(OddRequest(7, ["a"], [1]), 0)),
+    "identifier not str": (_busy, lambda m: m.check_and_update_cache(OddRequest("r", [b"a"], [1]), 0)),
+    "embeds not int": (_busy, lambda m: m.can_allocate(OddRequest("r", ["a"], [1.0]), 0, 9, 0)),
+    "embeds bool": (_busy, lambda m: m.can_allocate(OddRequest("r", ["a"], [True]), 0, 9, 0)),
+    "embeds negative": (_busy, lambda m: m.can_allocate(OddRequest("r", ["a"], [-2]), 0, 9, 0)),
+    "embeds too large": (_busy, lambda m: m.can_allocate(OddRequest("r", ["a"], [2**64]), 0, 9, 0)),
+    "waiting identifier not str": (_busy, lambda m: m.mark_waiting(OddRequest("w", [None], [1]))),
     "step allocate out of range": (
         _busy,
         lambda m: m.allocate_encoder_inputs(make_request("r", ["a"], [1]), [0, 3], []),
