@@ -474,7 +474,7 @@ def _everything_compared() -> str:
 
 def test_every_shared_string_is_compared():
     shared = _rust_strings() & _python_strings()
-    assert len(shared) > 50, "the scan must find the known pairs"
+    assert len(shared) >= 30, "the scan must find the known pairs"
     compared = _everything_compared()
     missing = sorted(fragment for fragment in shared if fragment not in compared)
     assert not missing, f"Rust and Python both spell these; compare them in this file: {missing}"
