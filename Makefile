@@ -49,15 +49,18 @@ lint: build
 
 # The same wheel, imported and tested on the other CPythons.
 define test_other_pythons
+	@missing=; for v in $(OTHER_PYTHONS); do \
+		ls -d $(PYENV_ROOT)/versions/$$v.*/bin/python$$v >/dev/null 2>&1 || command -v python$$v >/dev/null || missing="$$missing $$v"; \
+	done; \
+	[ -z "$$missing" ] || { \
+		echo "CPython$$missing not found: the abi3 check also tests the wheel on each of CPython $(OTHER_PYTHONS),"; \
+		echo "taken from pyenv ($(PYENV_ROOT)/versions) or as pythonX.Y on PATH. Install them with"; \
+		echo "    pyenv install --skip-existing$$missing"; \
+		echo "(pyenv: https://github.com/pyenv/pyenv#installation), then run 'make abi3'."; \
+		exit 1; }
 	@for v in $(OTHER_PYTHONS); do \
 		py=$$(ls -d $(PYENV_ROOT)/versions/$$v.*/bin/python$$v 2>/dev/null | tail -n 1); \
 		[ -n "$$py" ] || py=$$(command -v python$$v); \
-		[ -n "$$py" ] || { \
-			echo "CPython $$v not found. The abi3 check tests the one wheel on CPython $(OTHER_PYTHONS) too,"; \
-			echo "taken from pyenv ($(PYENV_ROOT)/versions) or from python$$v on PATH. Install them with"; \
-			echo "    pyenv install --skip-existing $(OTHER_PYTHONS)"; \
-			echo "(pyenv: https://github.com/pyenv/pyenv#installation), then run 'make abi3'."; \
-			exit 1; }; \
 		[ -x .venv-$$v/bin/python ] || $$py -m venv .venv-$$v || exit 1; \
 		echo "CPython $$v ($$py): $(ABI3_TESTS)"; \
 		.venv-$$v/bin/python -m pip --disable-pip-version-check -q install "$$(ls $(WHEELS)/*.whl)[test]" || exit 1; \
