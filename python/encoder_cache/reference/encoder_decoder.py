@@ -8,7 +8,7 @@ from typing import Any
 from encoder_cache.invariants import InvariantError
 from encoder_cache.reference.checks import count, rust_debug
 from encoder_cache.reference.manager import EncoderCacheManager
-from encoder_cache.reference.request_fields import _identifier, _index, _num_embeds, _request_id
+from encoder_cache.reference.request_fields import input_index, read_identifier, read_num_embeds, read_request_id
 from encoder_cache.reference.state import check_encoder_decoder_state, parse_encoder_decoder_state
 
 
@@ -64,16 +64,16 @@ class EncoderDecoderCacheManager(EncoderCacheManager):
     def can_allocate(
         self, request: Any, input_id: int, encoder_compute_budget: int, num_embeds_to_schedule: int
     ) -> bool:
-        num_embeds = _num_embeds(request, _index(input_id))
+        num_embeds = read_num_embeds(request, input_index(input_id))
         if num_embeds > operator.index(encoder_compute_budget):
             return False
         return num_embeds + operator.index(num_embeds_to_schedule) <= self.num_free_slots
 
     def allocate(self, request: Any, input_id: int) -> None:
-        input_id = _index(input_id)
-        num_embeds = _num_embeds(request, input_id)
-        mm_hash = _identifier(request, input_id)
-        request_id = _request_id(request)
+        input_id = input_index(input_id)
+        num_embeds = read_num_embeds(request, input_id)
+        mm_hash = read_identifier(request, input_id)
+        request_id = read_request_id(request)
         self._allocate(request_id, input_id, mm_hash, num_embeds)
 
     def _allocate(self, request_id: str, input_id: int, mm_hash: str, num_embeds: int) -> None:
@@ -91,21 +91,21 @@ class EncoderDecoderCacheManager(EncoderCacheManager):
         self.allocated.append(mm_hash)
 
     def get_cached_input_ids(self, request: Any) -> set[int]:
-        return set(self.held.get(_request_id(request), ()))
+        return set(self.held.get(read_request_id(request), ()))
 
     def free_encoder_input(self, request: Any, input_id: int) -> None:
-        input_id = _index(input_id)
-        request_id = _request_id(request)
+        input_id = input_index(input_id)
+        request_id = read_request_id(request)
         inputs = self.held.get(request_id, {})
         if input_id not in inputs:
-            _identifier(request, input_id)  # an input the request does not have is still an error
+            read_identifier(request, input_id)  # an input the request does not have is still an error
             return
         self.num_free_slots += inputs.pop(input_id)
         if not inputs:
             del self.held[request_id]
 
     def free(self, request: Any) -> None:
-        inputs = self.held.pop(_request_id(request), {})
+        inputs = self.held.pop(read_request_id(request), {})
         self.num_free_slots += sum(inputs.values())
 
     def get_freed_mm_hashes(self) -> list[str]:

@@ -10,7 +10,13 @@ from typing import Any
 from encoder_cache.invariants import InvariantError
 from encoder_cache.reference.checks import count, request_str, rust_debug
 from encoder_cache.reference.policies import POLICIES, EvictionPolicy, make_policy
-from encoder_cache.reference.request_fields import _identifier, _index, _modality, _num_embeds, _request_id
+from encoder_cache.reference.request_fields import (
+    input_index,
+    read_identifier,
+    read_modality,
+    read_num_embeds,
+    read_request_id,
+)
 from encoder_cache.reference.state import check_state, parse_state
 from encoder_cache.reference.steps import StepLevelAPI
 
@@ -136,7 +142,7 @@ class EncoderCacheManager(StepLevelAPI):
         """Record that waiting ``request`` will need its items: until
         ``unmark_waiting``, they are evicted only after every evictable entry
         no waiting request needs. ValueError if it is marked already."""
-        request_id = _request_id(request)
+        request_id = read_request_id(request)
         identifiers = list(
             dict.fromkeys(request_str(f.identifier, "mm_features[i].identifier") for f in request.mm_features)
         )
@@ -151,7 +157,7 @@ class EncoderCacheManager(StepLevelAPI):
 
     def unmark_waiting(self, request: Any) -> None:
         """Drop ``request``'s lookahead mark; ValueError if it has none."""
-        request_id = _request_id(request)
+        request_id = read_request_id(request)
         identifiers = self.waiting.pop(request_id, None)
         if identifiers is None:
             raise ValueError(f"request '{request_id}' is not marked waiting")
@@ -195,9 +201,9 @@ class EncoderCacheManager(StepLevelAPI):
             counters[embeds_event] += embeds
 
     def check_and_update_cache(self, request: Any, input_id: int) -> bool:
-        input_id = _index(input_id)
-        mm_hash = _identifier(request, input_id)
-        request_id = _request_id(request)
+        input_id = input_index(input_id)
+        mm_hash = read_identifier(request, input_id)
+        request_id = read_request_id(request)
         # A held input changes nothing here under the fix (its request already
         # refers to the entry); the pre-fix variant relies on re-referencing it.
         held = self._holds(request_id, input_id, mm_hash)
@@ -218,12 +224,12 @@ class EncoderCacheManager(StepLevelAPI):
         return True
 
     def get_cached_num_encoder_embeds(self, request: Any, input_id: int) -> int | None:
-        return self.num_embeds_by_hash.get(_identifier(request, _index(input_id)))
+        return self.num_embeds_by_hash.get(read_identifier(request, input_index(input_id)))
 
     def can_allocate(
         self, request: Any, input_id: int, encoder_compute_budget: int, num_embeds_to_schedule: int
     ) -> bool:
-        num_embeds = _num_embeds(request, _index(input_id))
+        num_embeds = read_num_embeds(request, input_index(input_id))
         if num_embeds > operator.index(encoder_compute_budget):
             return False
         num_embeds += operator.index(num_embeds_to_schedule)
@@ -255,10 +261,10 @@ class EncoderCacheManager(StepLevelAPI):
         self.num_free_slots += size
 
     def allocate(self, request: Any, input_id: int) -> None:
-        input_id = _index(input_id)
-        mm_hash = _identifier(request, input_id)
-        request_id = _request_id(request)
-        num_embeds = _num_embeds(request, input_id)
+        input_id = input_index(input_id)
+        mm_hash = read_identifier(request, input_id)
+        request_id = read_request_id(request)
+        num_embeds = read_num_embeds(request, input_id)
         cached_embeds = self.num_embeds_by_hash.get(mm_hash)
         if cached_embeds is not None and cached_embeds != num_embeds:
             raise ValueError(
@@ -275,7 +281,7 @@ class EncoderCacheManager(StepLevelAPI):
                 f"{self.num_freeable_slots} reclaimable; call can_allocate first so it can evict"
             )
         self._holds(request_id, input_id, mm_hash)
-        modality = _modality(request, input_id)
+        modality = read_modality(request, input_id)
         self.cached[mm_hash] = {request_id}
         self.num_embeds_by_hash[mm_hash] = num_embeds
         self.modality[mm_hash] = modality
@@ -314,15 +320,15 @@ class EncoderCacheManager(StepLevelAPI):
         counts[mm_hash] = counts.get(mm_hash, 0) + 1
 
     def get_cached_input_ids(self, request: Any) -> set[int]:
-        return set(self.request_inputs.get(_request_id(request), ()))
+        return set(self.request_inputs.get(read_request_id(request), ()))
 
     def free_encoder_input(self, request: Any, input_id: int) -> None:
-        input_id = _index(input_id)
-        request_id = _request_id(request)
+        input_id = input_index(input_id)
+        request_id = read_request_id(request)
         held = self.request_inputs.get(request_id)
         if held is None or input_id not in held:
             # Nothing to release, but an input the request does not have is still an error.
-            _identifier(request, input_id)
+            read_identifier(request, input_id)
             return
         mm_hash = held.pop(input_id)
         if self._last_occurrence(request, request_id, mm_hash):
@@ -356,7 +362,7 @@ class EncoderCacheManager(StepLevelAPI):
 
     def free(self, request: Any) -> None:
         # Ascending input order, as the Rust manager walks them.
-        for input_id in sorted(self.request_inputs.get(_request_id(request), ())):
+        for input_id in sorted(self.request_inputs.get(read_request_id(request), ())):
             self.free_encoder_input(request, input_id)
 
     def get_freed_mm_hashes(self) -> list[str]:

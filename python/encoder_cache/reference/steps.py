@@ -8,7 +8,7 @@ import bisect
 from collections.abc import Callable
 from typing import Any
 
-from encoder_cache.reference.request_fields import _index, _out_of_range
+from encoder_cache.reference.request_fields import input_index, out_of_range
 from encoder_cache.step_api import MismatchCallback, StepResult
 
 
@@ -131,8 +131,8 @@ class StepLevelAPI:
         refuses stops the call there (earlier ones stay)."""
         num_items = len(request.mm_features)
         for input_id in [*input_ids, *duplicate_input_ids]:
-            if _index(input_id) >= num_items:
-                raise IndexError(_out_of_range(input_id, num_items))
+            if input_index(input_id) >= num_items:
+                raise IndexError(out_of_range(input_id, num_items))
         for input_id in input_ids:
             self.allocate(request, input_id)
         for input_id in duplicate_input_ids:
