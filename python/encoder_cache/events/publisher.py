@@ -1,0 +1,171 @@
+"""Publishes event batches over ZMQ from a background thread (see ``wire`` for the format).
+
+The scheduler's side is ``publish(events)``: one ``SimpleQueue.put`` of the
+step's list, which never waits. A daemon thread takes the batches in order,
+numbers them, encodes them, sends each on the PUB socket without waiting
+(ZMQ drops messages for a subscriber whose queue is at its high-water mark,
+so a slow subscriber loses messages, never holds up a step) and keeps the
+last ``buffer_steps`` encoded batches in a ring for replay. Between batches it
+answers replay requests on the ROUTER socket.
+
+The queue between the two sides has no bound: the thread never waits on the
+network, so it empties the queue as fast as it encodes (see BENCHMARKS.md,
+"Cache events"); a step adds one list to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from encoder_cache.events import wire
+
+__all__ = ["EventPublisher", "engine_endpoint"]
+
+_logger = logging.getLogger("vllm.encoder_cache")
+_STOP = object()
+
+
+def _zmq() -> Any:
+    try:
+        import zmq
+    except ImportError as exc:
+        raise ImportError(f"encoder-cache events need pyzmq and msgpack: {wire.INSTALL_HINT}") from exc
+    return zmq
+
+
+def engine_endpoint(endpoint: str, engine: int) -> str:
+    """The endpoint engine ``engine`` binds when several engines share one
+    setting: a TCP port moves up by the index, an ``ipc://`` or ``inproc://``
+    path gets ``_dp<engine>`` appended; engine 0 keeps ``endpoint``."""
+    if not engine:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        host, sep, port = endpoint.rpartition(":")
+        if sep and port.isdigit() and host != "tcp":
+            return f"{host}:{int(port) + engine}"
+        raise ValueError(f"a tcp endpoint needs a port to offset for engine {engine}: {endpoint!r}")
+    return f"{endpoint}_dp{engine}"
+
+
+class EventPublisher:
+    """A PUB socket bound to ``endpoint`` (and a ROUTER on ``replay_endpoint``)
+    sending the batches given to ``publish`` under ``topic``, numbered from 0.
+
+    ``engine`` goes into every payload; ``buffer_steps`` batches are kept for
+    replay; ``hwm`` is the PUB socket's send high-water mark (messages queued
+    per subscriber before ZMQ drops).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        replay_endpoint: str | None = None,
+        topic: str = wire.DEFAULT_TOPIC,
+        buffer_steps: int = 10_000,
+        engine: int = 0,
+        hwm: int = 100_000,
+    ) -> None:
+        if buffer_steps < 1:
+            raise ValueError(f"buffer_steps must be >= 1, got {buffer_steps}")
+        zmq = _zmq()
+        wire._msgpack()  # fail here, not in the thread, without msgpack
+        self.topic = topic.encode()
+        self.engine = engine
+        self._zmq = zmq
+        self._context = zmq.Context()
+        self._pub = self._context.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.SNDHWM, hwm)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self._replay = None
+        try:
+            self._pub.bind(endpoint)
+            if replay_endpoint is not None:
+                self._replay = self._context.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.bind(replay_endpoint)
+        except Exception:
+            self._close_sockets()
+            raise
+        self.endpoint = self._pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.replay_endpoint = None if self._replay is None else self._replay.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._ring: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        #: Batches sent so far (the next sequence number).
+        self.sent = 0
+        self._thread = threading.Thread(target=self._run, name="encoder-cache-events", daemon=True)
+        self._thread.start()
+
+    def publish(self, events: list[dict[str, Any]]) -> None:
+        """Queue one batch (the events of one step, in order); returns at once."""
+        self._queue.put((time.time(), events))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued, stop the thread and close the sockets."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+        self._close_sockets()
+
+    def __enter__(self) -> EventPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _close_sockets(self) -> None:
+        for sock in (self._pub, self._replay):
+            if sock is not None:
+                sock.close(0)
+        self._context.term()
+
+    def _run(self) -> None:
+        zmq = self._zmq
+        get = self._queue.get
+        pub, replay, ring = self._pub, self._replay, self._ring
+        topic, engine = self.topic, self.engine
+        poll = 0.05 if replay is not None else None
+        while True:
+            if replay is not None and replay.poll(0):
+                self._answer_replay()
+            try:
+                item = get(timeout=poll)
+            except queue.Empty:
+                continue
+            if item is _STOP:
+                return
+            timestamp, events = item
+            try:
+                payload = wire.encode_batch(timestamp, events, engine)
+            except Exception:  # one bad batch must not stop the stream
+                _logger.exception("encoder cache events: could not encode a batch; it is skipped")
+                continue
+            seq = self.sent
+            self.sent = seq + 1
+            ring.append((seq, payload))
+            try:
+                pub.send_multipart((topic, wire.encode_seq(seq), payload), flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                pass  # no room for a subscriber: it sees the gap and asks for a replay
+
+    def _answer_replay(self) -> None:
+        zmq = self._zmq
+        replay = self._replay
+        assert replay is not None
+        frames = replay.recv_multipart()
+        if len(frames) != 3 or len(frames[2]) != 8:
+            _logger.warning("encoder cache events: malformed replay request (%d frames) ignored", len(frames))
+            return
+        client, start = frames[0], int.from_bytes(frames[2], "big")
+        try:
+            for seq, payload in list(self._ring):
+                if seq >= start:
+                    replay.send_multipart((client, b"", wire.encode_seq(seq), payload), flags=zmq.NOBLOCK)
+            replay.send_multipart((client, b"", wire.END_SEQ, b""), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the client stopped reading; it will ask again
