@@ -169,10 +169,17 @@ class CacheMetrics:
             self._seen[modality] = {}  # reset_stats() dropped it
 
 
+_EXPORTERS: dict[tuple[str, int], Any] = {}
+
+
 def start_exporter(port: int, addr: str = "0.0.0.0") -> Any:
     """Serve the families on ``http://addr:port/metrics`` from a registry of their
-    own (for engines without a multiprocess directory); returns that registry."""
-    prom = _prometheus()
-    registry = prom.CollectorRegistry()
-    prom.start_http_server(port, addr=addr, registry=registry)
+    own (for engines without a multiprocess directory); returns that registry.
+    A second call for the same address returns the running exporter's."""
+    registry = _EXPORTERS.get((addr, port))
+    if registry is None:
+        prom = _prometheus()
+        registry = prom.CollectorRegistry()
+        prom.start_http_server(port, addr=addr, registry=registry)
+        _EXPORTERS[addr, port] = registry
     return registry

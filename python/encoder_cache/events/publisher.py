@@ -15,6 +15,7 @@ network, so it empties the queue as fast as it encodes (see BENCHMARKS.md,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -24,7 +25,7 @@ from typing import Any
 
 from encoder_cache.events import wire
 
-__all__ = ["EventPublisher", "engine_endpoint"]
+__all__ = ["EventPublisher", "binds", "engine_endpoint"]
 
 _logger = logging.getLogger("vllm.encoder_cache")
 _STOP = object()
@@ -39,22 +40,33 @@ def _zmq() -> Any:
 
 
 def engine_endpoint(endpoint: str, engine: int) -> str:
-    """The endpoint engine ``engine`` binds when several engines share one
-    setting: a TCP port moves up by the index, an ``ipc://`` or ``inproc://``
-    path gets ``_dp<engine>`` appended; engine 0 keeps ``endpoint``."""
+    """The endpoint engine ``engine`` uses when several engines share one
+    setting, as vLLM places its KV-event endpoints: a TCP port moves up by the
+    index (port 0 and ``*`` are left to the system), an ``ipc://`` or
+    ``inproc://`` path gets ``_dp<engine>`` appended; engine 0 keeps ``endpoint``."""
     if not engine:
         return endpoint
     if endpoint.startswith("tcp://"):
         host, sep, port = endpoint.rpartition(":")
-        if sep and port.isdigit() and host != "tcp":
-            return f"{host}:{int(port) + engine}"
-        raise ValueError(f"a tcp endpoint needs a port to offset for engine {engine}: {endpoint!r}")
+        if not sep or host == "tcp" or not (port.isdigit() or port == "*"):
+            raise ValueError(f"a tcp endpoint needs a port: {endpoint!r}")
+        if port in ("*", "0"):
+            return endpoint
+        return f"{host}:{int(port) + engine}"
     return f"{endpoint}_dp{engine}"
 
 
+def binds(endpoint: str) -> bool:
+    """Whether the PUB socket binds ``endpoint`` (a wildcard host or port, an
+    ``ipc://`` or ``inproc://`` path) rather than connecting to it, as vLLM's
+    KV-event publisher decides."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 class EventPublisher:
-    """A PUB socket bound to ``endpoint`` (and a ROUTER on ``replay_endpoint``)
-    sending the batches given to ``publish`` under ``topic``, numbered from 0.
+    """A PUB socket on ``endpoint`` (bound or connected, see ``binds``) and a
+    ROUTER bound to ``replay_endpoint``, sending the batches given to
+    ``publish`` under ``topic``, numbered from 0.
 
     ``engine`` goes into every payload; ``buffer_steps`` batches are kept for
     replay; ``hwm`` is the PUB socket's send high-water mark (messages queued
@@ -84,15 +96,20 @@ class EventPublisher:
         self._pub.setsockopt(zmq.LINGER, 0)
         self._replay = None
         try:
-            self._pub.bind(endpoint)
+            if binds(endpoint):
+                self._pub.bind(endpoint)
+            else:
+                self._pub.connect(endpoint)
             if replay_endpoint is not None:
                 self._replay = self._context.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
+                # Room for a whole replay and its end marker, however slowly the client reads.
+                self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
                 self._replay.bind(replay_endpoint)
         except Exception:
             self._close_sockets()
             raise
-        self.endpoint = self._pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.endpoint = self._pub.getsockopt(zmq.LAST_ENDPOINT).decode() if binds(endpoint) else endpoint
         self.replay_endpoint = None if self._replay is None else self._replay.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._ring: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -148,10 +165,9 @@ class EventPublisher:
             seq = self.sent
             self.sent = seq + 1
             ring.append((seq, payload))
-            try:
+            # No room for a subscriber: it sees the gap and asks for a replay.
+            with contextlib.suppress(zmq.Again):
                 pub.send_multipart((topic, wire.encode_seq(seq), payload), flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                pass  # no room for a subscriber: it sees the gap and asks for a replay
 
     def _answer_replay(self) -> None:
         zmq = self._zmq
@@ -162,10 +178,11 @@ class EventPublisher:
             _logger.warning("encoder cache events: malformed replay request (%d frames) ignored", len(frames))
             return
         client, start = frames[0], int.from_bytes(frames[2], "big")
+        topic = self.topic
         try:
-            for seq, payload in list(self._ring):
+            for seq, payload in self._ring:
                 if seq >= start:
-                    replay.send_multipart((client, b"", wire.encode_seq(seq), payload), flags=zmq.NOBLOCK)
-            replay.send_multipart((client, b"", wire.END_SEQ, b""), flags=zmq.NOBLOCK)
+                    replay.send_multipart((client, b"", topic, wire.encode_seq(seq), payload), flags=zmq.NOBLOCK)
+            replay.send_multipart((client, b"", b"", wire.END_SEQ, b""), flags=zmq.NOBLOCK)
         except zmq.Again:
             pass  # the client stopped reading; it will ask again

@@ -99,10 +99,11 @@ class CacheEventSubscriber:
                 name = self._names[sock]
                 while applied < max_batches:
                     try:
-                        topic, seq_frame, payload = sock.recv_multipart(flags=zmq.NOBLOCK)
+                        frames = sock.recv_multipart(flags=zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    applied += self._receive(name, wire.decode_seq(seq_frame), payload)
+                    if len(frames) == 3:  # (topic, sequence, payload)
+                        applied += self._receive(name, wire.decode_seq(frames[1]), frames[2])
         return applied
 
     def sync(self, name: Any) -> int:
@@ -135,17 +136,18 @@ class CacheEventSubscriber:
             dealer.send_multipart((b"", wire.encode_seq(start)))
             timeout_ms = int(self.replay_timeout * 1000)
             while dealer.poll(timeout_ms):
+                # (empty delimiter, topic, sequence, payload); the end: sequence -1, empty payload.
                 frames = dealer.recv_multipart()
-                if len(frames) != 3:
+                if len(frames) != 4:
                     break
-                seq = wire.decode_seq(frames[1])
+                seq = wire.decode_seq(frames[2])
                 if seq < 0:
                     break
                 self.replayed += 1
-                if not self.index.apply(name, seq, frames[2]):
+                if not self.index.apply(name, seq, frames[3]):
                     # The ring starts after the missing batch: lost for good.
                     self.index.skip_to(name, seq)
-                    self.index.apply(name, seq, frames[2])
+                    self.index.apply(name, seq, frames[3])
                 applied += 1
         finally:
             dealer.close(0)

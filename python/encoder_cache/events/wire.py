@@ -20,8 +20,9 @@ Each event is a msgpack map tagged by ``"type"``:
 Replay (an optional ROUTER socket): a client sends one frame, the 8-byte
 big-endian sequence number to start from (from a DEALER socket, preceded by an
 empty delimiter frame; a REQ socket adds it itself); the publisher answers with
-``(sequence, payload)`` for every batch still in its ring from that number on,
-then ``(END_SEQ, b"")``: sequence -1 (8 bytes, signed) and an empty payload.
+``(topic, sequence, payload)`` for every batch still in its ring from that
+number on, then ``(b"", END_SEQ, b"")``: sequence -1 (8 bytes, signed) and an
+empty payload.
 """
 
 from __future__ import annotations
