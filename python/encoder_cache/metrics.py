@@ -36,8 +36,9 @@ port of their own.
 
 Values are copied from ``stats()`` by ``CacheMetrics.update``: the caller
 decides when (the vLLM hook does it at most once per scheduler step), never on
-a per-item call. Counters advance by the growth since the last update; after
-``reset_stats()`` the new values count from zero.
+a per-item call. Counters advance by the growth since the last update; the
+observed manager's ``reset_stats()`` updates them first and then counts from
+zero, so the exported counters never go down.
 """
 
 from __future__ import annotations
@@ -167,6 +168,10 @@ class CacheMetrics:
                 seen[key] = value
         for modality in self._seen.keys() - stats["by_modality"].keys():
             self._seen[modality] = {}  # reset_stats() dropped it
+
+    def stats_reset(self) -> None:
+        """The manager's counters were just zeroed: the next ``update`` counts them from zero."""
+        self._seen.clear()
 
 
 _EXPORTERS: dict[tuple[str, int], Any] = {}

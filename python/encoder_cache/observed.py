@@ -97,6 +97,14 @@ class _Observed:
         if events is not None:
             events.cleared()
 
+    def reset_stats(self) -> None:
+        metrics = self.observers.metrics
+        if metrics is not None:
+            self.observers.update_metrics(self)  # what was counted so far stays counted
+        super().reset_stats()  # type: ignore[misc]
+        if metrics is not None:
+            metrics.stats_reset()
+
 
 class _Recording(_Observed):
     def allocate(self, request: Any, input_id: int) -> None:
