@@ -86,7 +86,7 @@ class EventPublisher:
         if buffer_steps < 1:
             raise ValueError(f"buffer_steps must be >= 1, got {buffer_steps}")
         zmq = _zmq()
-        wire._msgpack()  # fail here, not in the thread, without msgpack
+        wire.codec()  # fail here, not in the thread, without a msgpack codec
         self.topic = topic.encode()
         self.engine = engine
         self._zmq = zmq
@@ -113,13 +113,15 @@ class EventPublisher:
         self.replay_endpoint = None if self._replay is None else self._replay.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._ring: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        #: Batches sent so far (the next sequence number).
+        #: Batches given to ``publish``, and batches sent so far (the next sequence number).
+        self.published = 0
         self.sent = 0
         self._thread = threading.Thread(target=self._run, name="encoder-cache-events", daemon=True)
         self._thread.start()
 
     def publish(self, events: list[dict[str, Any]]) -> None:
         """Queue one batch (the events of one step, in order); returns at once."""
+        self.published += 1
         self._queue.put((time.time(), events))
 
     def close(self, timeout: float = 5.0) -> None:

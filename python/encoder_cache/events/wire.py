@@ -27,6 +27,7 @@ empty payload.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "REMOVED",
     "STORED",
     "cleared",
+    "codec",
     "decode_batch",
     "decode_seq",
     "encode_batch",
@@ -56,12 +58,33 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 INSTALL_HINT = "pip install 'encoder-cache[metrics]'"
 
 
-def _msgpack() -> Any:
-    try:
-        import msgpack
-    except ImportError as exc:
-        raise ImportError(f"encoder-cache events need msgpack and pyzmq: {INSTALL_HINT}") from exc
-    return msgpack
+class _Codec:
+    """msgpack's packb/unpackb, or msgspec's msgpack functions (which vLLM installs)."""
+
+    def __init__(self) -> None:
+        try:
+            import msgpack
+        except ImportError:
+            try:
+                from msgspec import msgpack as msgspec_msgpack
+            except ImportError as exc:
+                raise ImportError(f"encoder-cache events need msgpack and pyzmq: {INSTALL_HINT}") from exc
+            self.pack = msgspec_msgpack.encode
+            self.unpack = msgspec_msgpack.decode
+        else:
+            self.pack = functools.partial(msgpack.packb, use_bin_type=True)
+            self.unpack = msgpack.unpackb
+
+
+_CODEC: _Codec | None = None
+
+
+def codec() -> _Codec:
+    """The msgpack codec in use (raises ImportError, saying what to install, without one)."""
+    global _CODEC
+    if _CODEC is None:
+        _CODEC = _Codec()
+    return _CODEC
 
 
 def stored(mm_hash: str, embeds: int, modality: str, medium: str = MEDIUM) -> dict[str, Any]:
@@ -88,12 +111,12 @@ def decode_seq(frame: bytes) -> int:
 
 
 def encode_batch(timestamp: float, events: list[dict[str, Any]], engine: int) -> bytes:
-    return _msgpack().packb([timestamp, events, engine], use_bin_type=True)
+    return codec().pack([timestamp, events, engine])
 
 
 def decode_batch(payload: bytes) -> tuple[float, list[dict[str, Any]], int | None]:
     """``(timestamp, events, engine)`` of a payload; ValueError if it is not one."""
-    batch = _msgpack().unpackb(payload, raw=False)
+    batch = codec().unpack(payload)
     if not isinstance(batch, list) or len(batch) not in (2, 3) or not isinstance(batch[1], list):
         raise ValueError("an event batch is [timestamp, events, engine]")
     return batch[0], batch[1], batch[2] if len(batch) == 3 else None
