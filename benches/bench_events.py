@@ -1,0 +1,220 @@
+"""Cache events under load: how fast a publishing manager's events reach a
+subscriber, and what publishing adds to vLLM 0.33's real scheduler step.
+
+``python benches/bench_events.py [--runs N] [--steps N]`` prints the tables of
+BENCHMARKS.md, "Cache events":
+
+- *Throughput*: a manager steps as fast as it can, every step allocating 64
+  new items (all misses, so every step also evicts 64), publishing on an
+  ``ipc://`` endpoint; a subscriber in another process receives every batch.
+  Events per second = event maps received (64 stored + 1 removed per step)
+  over the time from the first step to the last batch received; items per
+  second counts each stored item and each removed hash. Lost batches are
+  counted (a subscriber that keeps up loses none).
+- *Step cost*: vLLM's scheduler with ``encoder_cache.vllm.Scheduler`` on the
+  workloads of ``bench_vllm_scheduler.py``, without and with
+  ``events_endpoint`` (plus a replay socket, and a subscriber process
+  attached, so batches really go out). Rounds interleave the two; each step
+  is taken at its fastest round and the mean over steps is reported (the
+  method of ``bench_vllm_scheduler.py``). Needs vLLM 0.33.
+
+Under pytest (benches run once, untimed) a short throughput run checks that
+every event arrives in order and the index matches the manager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("zmq")
+
+from encoder_cache import EncoderCacheManager, MultiModalFeature, PlaceholderRange, Request
+from encoder_cache.events import CacheEventSubscriber, Engine, EventPublisher
+from encoder_cache.observed import StepObservers, observed_class
+
+ITEMS_PER_STEP = 64
+ITEM_EMBEDS = 16
+
+
+def _subscribe(endpoint: str, replay: str, expected: int, started: Any, results: Any) -> None:
+    """A subscriber process: applies batches until batch ``expected - 1``, then reports."""
+    with CacheEventSubscriber({"e": Engine(endpoint, replay)}) as subscriber:
+        subscriber.sync("e")
+        started.set()
+        engine = subscriber.engine("e")
+        deadline = time.monotonic() + 120
+        events = 0
+        while engine.seq < expected - 1 and time.monotonic() < deadline:
+            subscriber.poll(0.05)
+        end = time.time()
+        events = engine.seq + 1
+        results.put(
+            {
+                "end": end,
+                "batches": events,
+                "gaps": engine.gaps,
+                "replayed": subscriber.replayed,
+                "items": engine.embeds,
+            }
+        )
+
+
+def throughput(steps: int) -> dict[str, float]:
+    """One throughput run of ``steps`` steps (see the module doc)."""
+    directory = tempfile.mkdtemp(prefix="ec-bench-", dir="/tmp")
+    endpoint, replay = f"ipc://{directory}/pub", f"ipc://{directory}/replay"
+    context = multiprocessing.get_context("spawn")
+    started, results = context.Event(), context.Queue()
+    with EventPublisher(endpoint, replay_endpoint=replay, buffer_steps=steps + 1) as publisher:
+        child = context.Process(target=_subscribe, args=(endpoint, replay, steps, started, results))
+        child.start()
+        try:
+            if not started.wait(60):
+                raise RuntimeError("the subscriber did not start")
+            time.sleep(0.2)  # let the subscription reach the publisher
+            manager = observed_class(EncoderCacheManager, events=True)(ITEMS_PER_STEP * ITEM_EMBEDS)
+            manager.observers = StepObservers(publisher=publisher)
+            requests = [
+                Request(f"r{n}", [MultiModalFeature(f"h{n}", PlaceholderRange(0, ITEM_EMBEDS), "image")])
+                for n in range(steps * ITEMS_PER_STEP)
+            ]
+            begin = time.time()
+            stepped = time.perf_counter()
+            it = iter(requests)
+            for _ in range(steps):
+                batch = [next(it) for _ in range(ITEMS_PER_STEP)]
+                for request in batch:
+                    to_encode, *_ = manager.try_schedule_encoder_inputs(request, 0, ITEM_EMBEDS, 10**9)
+                    manager.allocate_encoder_inputs(request, to_encode, [])
+                manager.get_freed_mm_hashes()
+                for request in batch:
+                    manager.free(request)
+            stepped = time.perf_counter() - stepped
+            report = results.get(timeout=180)
+        finally:
+            child.join(30)
+    elapsed = report["end"] - begin
+    events = steps * ITEMS_PER_STEP + (steps - 1)  # the first step evicts nothing
+    items = steps * ITEMS_PER_STEP + (steps - 1) * ITEMS_PER_STEP
+    return {
+        "steps": steps,
+        "batches": report["batches"],
+        "gaps": report["gaps"],
+        "replayed": report["replayed"],
+        "events_per_s": events / elapsed,
+        "items_per_s": items / elapsed,
+        "step_us": stepped / steps * 1e6,
+        "index_ok": report["items"] == sum(manager.num_embeds_by_hash.values()),
+    }
+
+
+def bench_throughput_delivers_every_event() -> None:
+    result = throughput(200)
+    assert result["batches"] == 200
+    assert result["index_ok"]
+
+
+# --- vLLM's scheduler, events off and on -------------------------------------------
+
+
+def step_cost(rounds: int) -> list[dict[str, Any]]:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_vllm_scheduler as sched
+    import vllm_harness as harness
+
+    rows = []
+    context = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory() as model_dir:
+        model = harness.model_config(Path(model_dir))
+        for workload, (setup, params) in sched.WORKLOADS.items():
+            directory = tempfile.mkdtemp(prefix="ec-bench-", dir="/tmp")
+            config = {"events_endpoint": f"ipc://{directory}/pub", "events_replay_endpoint": f"ipc://{directory}/r"}
+            steps: dict[str, list[list[int]]] = {"off": [], "on": []}
+            batches = 0
+            for _ in range(rounds):
+                for variant in ("off", "on"):
+                    scheduler = harness.build_scheduler(
+                        "scheduler", model, setup, manager_config=config if variant == "on" else None
+                    )
+                    child = None
+                    if variant == "on":
+                        started, results = context.Event(), context.Queue()
+                        child = context.Process(
+                            target=_subscribe,
+                            args=(config["events_endpoint"], config["events_replay_endpoint"], 10**9, started, results),
+                        )
+                        child.start()
+                        started.wait(60)
+                        time.sleep(0.2)
+                    specs = harness.conversations(**params)
+                    gc.collect()
+                    gc.disable()
+                    try:
+                        run = harness.run(scheduler, specs, record=False)
+                    finally:
+                        gc.enable()
+                    steps[variant].append(run.step_ns)
+                    if child is not None:
+                        publisher = scheduler.encoder_cache_manager.observers.publisher
+                        batches = publisher.published
+                        scheduler.shutdown()
+                        child.kill()
+                        child.join(10)
+                    else:
+                        scheduler.shutdown()
+            means = {v: statistics.fmean(min(col) for col in zip(*runs)) / 1e3 for v, runs in steps.items()}
+            rows.append(
+                {
+                    "workload": workload,
+                    "steps": len(steps["off"][0]),
+                    "batches": batches,
+                    "off_us": means["off"],
+                    "on_us": means["on"],
+                    "change": means["on"] / means["off"] - 1,
+                }
+            )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="throughput runs (the median is shown)")
+    parser.add_argument("--steps", type=int, default=5000, help="steps per throughput run")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of the vLLM step comparison")
+    args = parser.parse_args()
+    runs = [throughput(args.steps) for _ in range(args.runs)]
+    print(f"throughput ({args.runs} runs of {args.steps} steps x {ITEMS_PER_STEP} items; median, min-max):")
+    for key, unit in (("events_per_s", "events/s"), ("items_per_s", "items/s"), ("step_us", "µs per step")):
+        values = [r[key] for r in runs]
+        print(f"  {unit:>12}: {statistics.median(values):>12,.0f}  ({min(values):,.0f} - {max(values):,.0f})")
+    print(
+        f"  batches received {[r['batches'] for r in runs]}, gaps {[r['gaps'] for r in runs]}, index ok {all(r['index_ok'] for r in runs)}"
+    )
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("vLLM not importable: no step-cost table")
+        return
+    print(f"\nvLLM scheduler step (encoder_cache.vllm.Scheduler), events off vs on, {args.rounds} rounds:")
+    print("| workload | steps | batches | off µs/step | on µs/step | change |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for row in step_cost(args.rounds):
+        print(
+            f"| {row['workload']} | {row['steps']} | {row['batches']} | {row['off_us']:.1f} | {row['on_us']:.1f} "
+            f"| {row['change']:+.1%} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
