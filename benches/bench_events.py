@@ -5,7 +5,8 @@ subscriber, and what publishing adds to vLLM 0.33's real scheduler step.
 BENCHMARKS.md, "Cache events":
 
 - *Throughput*: a manager steps as fast as it can, every step allocating 64
-  new items (all misses, so every step also evicts 64), publishing on an
+  new items (8 requests of 8 images; all misses, so every step also evicts
+  64), publishing on an
   ``ipc://`` endpoint; a subscriber in another process receives every batch.
   Events per second = event maps received (64 stored + 1 removed per step)
   over the time from the first step to the last batch received; items per
@@ -43,6 +44,7 @@ from encoder_cache.events import CacheEventSubscriber, Engine, EventPublisher
 from encoder_cache.observed import StepObservers, observed_class
 
 ITEMS_PER_STEP = 64
+ITEMS_PER_REQUEST = 8
 ITEM_EMBEDS = 16
 
 
@@ -84,17 +86,25 @@ def throughput(steps: int) -> dict[str, float]:
             time.sleep(0.2)  # let the subscription reach the publisher
             manager = observed_class(EncoderCacheManager, events=True)(ITEMS_PER_STEP * ITEM_EMBEDS)
             manager.observers = StepObservers(publisher=publisher)
+            per_step = ITEMS_PER_STEP // ITEMS_PER_REQUEST
+            window = ITEMS_PER_REQUEST * ITEM_EMBEDS
             requests = [
-                Request(f"r{n}", [MultiModalFeature(f"h{n}", PlaceholderRange(0, ITEM_EMBEDS), "image")])
-                for n in range(steps * ITEMS_PER_STEP)
+                Request(
+                    f"r{n}",
+                    [
+                        MultiModalFeature(f"h{n}.{i}", PlaceholderRange(i * ITEM_EMBEDS, ITEM_EMBEDS), "image")
+                        for i in range(ITEMS_PER_REQUEST)
+                    ],
+                )
+                for n in range(steps * per_step)
             ]
             begin = time.time()
             stepped = time.perf_counter()
             it = iter(requests)
             for _ in range(steps):
-                batch = [next(it) for _ in range(ITEMS_PER_STEP)]
+                batch = [next(it) for _ in range(per_step)]
                 for request in batch:
-                    to_encode, *_ = manager.try_schedule_encoder_inputs(request, 0, ITEM_EMBEDS, 10**9)
+                    to_encode, *_ = manager.try_schedule_encoder_inputs(request, 0, window, 10**9)
                     manager.allocate_encoder_inputs(request, to_encode, [])
                 manager.get_freed_mm_hashes()
                 for request in batch:
@@ -127,7 +137,23 @@ def bench_throughput_delivers_every_event() -> None:
 # --- vLLM's scheduler, events off and on -------------------------------------------
 
 
+def _drain(endpoint: str, started: Any) -> None:
+    """A subscriber process that receives and drops every message (at most 30 minutes)."""
+    import zmq
+
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    started.set()
+    deadline = time.monotonic() + 1800
+    while time.monotonic() < deadline:
+        if sub.poll(100):
+            sub.recv_multipart()
+
+
 def step_cost(rounds: int) -> list[dict[str, Any]]:
+    """Per workload: µs per step with events off and on (see the module doc)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_vllm_scheduler as sched
@@ -139,40 +165,36 @@ def step_cost(rounds: int) -> list[dict[str, Any]]:
         model = harness.model_config(Path(model_dir))
         for workload, (setup, params) in sched.WORKLOADS.items():
             directory = tempfile.mkdtemp(prefix="ec-bench-", dir="/tmp")
-            config = {"events_endpoint": f"ipc://{directory}/pub", "events_replay_endpoint": f"ipc://{directory}/r"}
+            events = {"events_endpoint": f"ipc://{directory}/pub", "events_replay_endpoint": f"ipc://{directory}/r"}
+            started = context.Event()
+            child = context.Process(target=_drain, args=(events["events_endpoint"], started), daemon=True)
+            child.start()
+            started.wait(60)
             steps: dict[str, list[list[int]]] = {"off": [], "on": []}
             batches = 0
-            for _ in range(rounds):
-                for variant in ("off", "on"):
-                    scheduler = harness.build_scheduler(
-                        "scheduler", model, setup, manager_config=config if variant == "on" else None
-                    )
-                    child = None
-                    if variant == "on":
-                        started, results = context.Event(), context.Queue()
-                        child = context.Process(
-                            target=_subscribe,
-                            args=(config["events_endpoint"], config["events_replay_endpoint"], 10**9, started, results),
+            try:
+                for _ in range(rounds):
+                    for variant in ("off", "on"):
+                        scheduler = harness.build_scheduler(
+                            "scheduler",
+                            model,
+                            setup,
+                            manager_cls="encoder_cache.vllm.EncoderCacheManager",
+                            manager_config=events if variant == "on" else {},
                         )
-                        child.start()
-                        started.wait(60)
-                        time.sleep(0.2)
-                    specs = harness.conversations(**params)
-                    gc.collect()
-                    gc.disable()
-                    try:
-                        run = harness.run(scheduler, specs, record=False)
-                    finally:
-                        gc.enable()
-                    steps[variant].append(run.step_ns)
-                    if child is not None:
-                        publisher = scheduler.encoder_cache_manager.observers.publisher
-                        batches = publisher.published
+                        specs = harness.conversations(**params)
+                        gc.collect()
+                        gc.disable()
+                        try:
+                            steps[variant].append(harness.run(scheduler, specs, record=False).step_ns)
+                        finally:
+                            gc.enable()
+                        if variant == "on":
+                            batches = scheduler.encoder_cache_manager.observers.publisher.published
                         scheduler.shutdown()
-                        child.kill()
-                        child.join(10)
-                    else:
-                        scheduler.shutdown()
+            finally:
+                child.kill()
+                child.join(10)
             means = {v: statistics.fmean(min(col) for col in zip(*runs)) / 1e3 for v, runs in steps.items()}
             rows.append(
                 {
@@ -193,6 +215,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5000, help="steps per throughput run")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of the vLLM step comparison")
     args = parser.parse_args()
+    if args.rounds < 1 or args.runs < 1 or args.steps < 2:
+        parser.error("--runs and --rounds must be >= 1, --steps >= 2")
     runs = [throughput(args.steps) for _ in range(args.runs)]
     print(f"throughput ({args.runs} runs of {args.steps} steps x {ITEMS_PER_STEP} items; median, min-max):")
     for key, unit in (("events_per_s", "events/s"), ("items_per_s", "items/s"), ("step_us", "µs per step")):

@@ -25,6 +25,7 @@ from encoder_cache.events import (  # noqa: E402
     Engine,
     EventPublisher,
     StepEventLog,
+    StepRecord,
     engine_endpoint,
     wire,
 )
@@ -133,10 +134,9 @@ def test_engine_endpoints_move_as_vllms_kv_event_endpoints() -> None:
 
 def test_a_step_reports_removals_before_storage() -> None:
     log = StepEventLog()
-    log.stored("new", 16, "image")
-    events = log.end_step(["old"], lambda h: True)
-    assert events == [wire.removed(["old"]), wire.stored("new", 16, "image")]
-    assert log.end_step([], lambda h: True) == []
+    log.allocated(make_request("r", [("new", 16, "image")]), (0,))
+    assert log.end_step(["old"]).events() == [wire.removed(["old"]), wire.stored("new", 16, "image")]
+    assert log.end_step([]) is None
 
 
 class Batches:
@@ -145,8 +145,8 @@ class Batches:
     def __init__(self) -> None:
         self.batches: list[list[dict[str, Any]]] = []
 
-    def publish(self, events: list[dict[str, Any]]) -> None:
-        self.batches.append(events)
+    def publish(self, record: StepRecord) -> None:
+        self.batches.append(record.events())
 
 
 def recording_manager(cache_size: int) -> tuple[Any, Batches]:
@@ -183,6 +183,8 @@ def test_an_item_evicted_and_stored_again_in_one_step_stays() -> None:
 
 
 def test_an_item_stored_and_evicted_in_one_step_is_not_reported_stored() -> None:
+    """Allocated, released and evicted before the step ends (vLLM's scheduler
+    never does this; the manager allows it): removed only."""
     manager, published = recording_manager(32)
     a = make_request("a", [("x", 16, "image")])
     schedule(manager, a)

@@ -29,7 +29,8 @@ class StepObservers:
 
     - ``log``: called with ``stats()`` every ``log_interval`` seconds (0: never);
     - ``metrics``: a ``CacheMetrics`` updated at most every ``metrics_interval`` seconds;
-    - ``publisher``: an ``EventPublisher`` given each step's events (steps without any publish nothing).
+    - ``publisher``: an ``EventPublisher`` (anything with ``publish``) given each
+      step's ``StepRecord``; steps that changed nothing publish nothing.
     """
 
     def __init__(
@@ -53,16 +54,9 @@ class StepObservers:
     def end_step(self, manager: Any, freed: list[str]) -> None:
         events = self.events
         if events is not None:
-            snapshot: list[dict[str, int]] = []
-
-            def is_cached(mm_hash: str) -> bool:
-                if not snapshot:
-                    snapshot.append(manager.num_embeds_by_hash)
-                return mm_hash in snapshot[0]
-
-            batch = events.end_step(freed, is_cached)
-            if batch:
-                self.publisher.publish(batch)
+            record = events.end_step(freed)
+            if record is not None:
+                self.publisher.publish(record)
         if self.log is None and self.metrics is None:
             return
         now = time.monotonic()
@@ -109,14 +103,14 @@ class _Observed:
 class _Recording(_Observed):
     def allocate(self, request: Any, input_id: int) -> None:
         super().allocate(request, input_id)  # type: ignore[misc]
-        self.observers.events.stored_inputs(request, (input_id,))  # type: ignore[union-attr]
+        self.observers.events.allocated(request, (input_id,))  # type: ignore[union-attr]
 
     def allocate_encoder_inputs(
         self, request: Any, input_ids: Sequence[int], duplicate_input_ids: Sequence[int]
     ) -> None:
         super().allocate_encoder_inputs(request, input_ids, duplicate_input_ids)  # type: ignore[misc]
         if input_ids:
-            self.observers.events.stored_inputs(request, input_ids)  # type: ignore[union-attr]
+            self.observers.events.allocated(request, tuple(input_ids))  # type: ignore[union-attr]
 
 
 _CLASSES: dict[tuple[type, bool], type] = {}

@@ -12,7 +12,7 @@ See docs/events.md. Publishing and subscribing need ``pyzmq`` and ``msgpack``
 
 from encoder_cache.events import wire
 from encoder_cache.events.index import CacheIndex, EngineCache
-from encoder_cache.events.log import StepEventLog
+from encoder_cache.events.log import StepEventLog, StepRecord
 from encoder_cache.events.publisher import EventPublisher, engine_endpoint
 from encoder_cache.events.subscriber import CacheEventSubscriber, Engine
 
@@ -23,6 +23,7 @@ __all__ = [
     "EngineCache",
     "EventPublisher",
     "StepEventLog",
+    "StepRecord",
     "engine_endpoint",
     "wire",
 ]

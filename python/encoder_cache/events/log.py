@@ -1,79 +1,97 @@
 """The events of one scheduler step, in the order the workers see them.
 
-``StepEventLog`` is fed by the manager hook: ``stored`` at each allocation,
-``cleared`` at ``reset()``, and ``end_step(freed)`` with what
-``get_freed_mm_hashes()`` returned, once per step. ``end_step`` returns the
-step's events, ready to publish:
+``StepEventLog`` is fed by the manager hook on the scheduler's thread:
+``allocated(request, input_ids)`` at each allocation, ``cleared()`` at
+``reset()``, and ``end_step(freed)`` once per step with what
+``get_freed_mm_hashes()`` returned. Recording keeps references only (one list
+append per allocation call); ``end_step`` hands back a ``StepRecord``, and the
+publisher's thread turns it into the step's events (``StepRecord.events``):
 
 1. ``EncoderCacheCleared`` if the cache was reset during the step;
 2. ``EncoderCacheRemoved`` with the freed hashes (vLLM's workers drop them
    at the start of their next step, before encoding anything new);
-3. ``EncoderCacheStored`` for each item allocated during the step and still cached.
+3. ``EncoderCacheStored`` for each item allocated during the step and not
+   among the freed ones, in allocation order.
 
-An item both allocated and freed during the step is settled by
-``is_cached`` (asked only then): if it is cached now (an old entry was
-evicted, then the item allocated again), it is removed then stored; if not (it
-was allocated, released and evicted within the step, which vLLM's scheduler
-never does) its stored event is dropped. So a consumer applying the events in
-order holds exactly the manager's cached set after every step.
+This relies on the manager's report: ``get_freed_mm_hashes()`` leaves out the
+hashes that are cached when it is called. So a freed hash is not cached, and
+an item allocated in the step and freed is one that was evicted after its
+allocation (its stored event is dropped); an item evicted and allocated again
+in the step is not reported freed, and is stored. A consumer applying the
+events in order holds exactly the manager's cached set after every step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from encoder_cache.events import wire
 
-__all__ = ["StepEventLog"]
+__all__ = ["StepEventLog", "StepRecord"]
+
+
+class StepRecord:
+    """One step's raw record: reset or not, the freed hashes, the allocations
+    (request, input ids). Reading the requests' features happens in ``events``."""
+
+    __slots__ = ("allocations", "cleared", "freed", "medium")
+
+    def __init__(self, cleared: bool, freed: list[str], allocations: list[tuple[Any, Sequence[int]]], medium: str):
+        self.cleared = cleared
+        self.freed = freed
+        self.allocations = allocations
+        self.medium = medium
+
+    def events(self) -> list[dict[str, Any]]:
+        """The step's events (see the module doc)."""
+        medium = self.medium
+        events: list[dict[str, Any]] = [wire.cleared()] if self.cleared else []
+        freed = self.freed
+        if freed:
+            events.append(wire.removed(list(freed), medium))
+        stored: dict[str, tuple[int, str]] = {}
+        for request, input_ids in self.allocations:
+            features = request.mm_features
+            for input_id in input_ids:
+                feature = features[input_id]
+                mm_hash = feature.identifier
+                stored.pop(mm_hash, None)  # allocated again: it moves last
+                stored[mm_hash] = (
+                    request.get_num_encoder_embeds(input_id),
+                    getattr(feature, "modality", None) or "unknown",
+                )
+        if freed and stored:
+            for mm_hash in set(freed).intersection(stored):
+                del stored[mm_hash]  # evicted after its allocation
+        events.extend(wire.stored(h, embeds, modality, medium) for h, (embeds, modality) in stored.items())
+        return events
 
 
 class StepEventLog:
-    """The step's pending events (see the module doc); used by one thread, the scheduler's."""
+    """The step's pending record (see the module doc); used by one thread, the scheduler's."""
 
-    __slots__ = ("_cleared", "_stored", "medium")
+    __slots__ = ("_allocations", "_cleared", "medium")
 
     def __init__(self, medium: str = wire.MEDIUM) -> None:
         self.medium = medium
         self._cleared = False
-        # hash -> (embeds, modality), in allocation order; a re-allocation moves it last.
-        self._stored: dict[str, tuple[int, str]] = {}
+        self._allocations: list[tuple[Any, Sequence[int]]] = []
 
-    def stored(self, mm_hash: str, embeds: int, modality: str) -> None:
-        stored = self._stored
-        stored.pop(mm_hash, None)
-        stored[mm_hash] = (embeds, modality)
-
-    def stored_inputs(self, request: Any, input_ids: Sequence[int]) -> None:
-        """``stored`` for each of the request's inputs ``input_ids`` (just allocated)."""
-        features = request.mm_features
-        for input_id in input_ids:
-            feature = features[input_id]
-            self.stored(
-                feature.identifier,
-                request.get_num_encoder_embeds(input_id),
-                getattr(feature, "modality", None) or "unknown",
-            )
+    def allocated(self, request: Any, input_ids: Sequence[int]) -> None:
+        """The request's inputs ``input_ids`` were just allocated (the sequence is kept: pass one nobody changes)."""
+        self._allocations.append((request, input_ids))
 
     def cleared(self) -> None:
         self._cleared = True
-        self._stored.clear()
+        self._allocations = []
 
-    def end_step(self, freed: list[str], is_cached: Callable[[str], bool]) -> list[dict[str, Any]]:
-        """The step's events (see the module doc); the log is then empty."""
-        events: list[dict[str, Any]] = []
-        if self._cleared:
-            events.append(wire.cleared())
-            self._cleared = False
-        stored = self._stored
-        if freed:
-            events.append(wire.removed(list(freed), self.medium))
-            if stored:
-                for mm_hash in set(freed).intersection(stored):
-                    if not is_cached(mm_hash):
-                        del stored[mm_hash]
-        if stored:
-            medium = self.medium
-            events.extend(wire.stored(h, embeds, modality, medium) for h, (embeds, modality) in stored.items())
-            stored.clear()
-        return events
+    def end_step(self, freed: list[str]) -> StepRecord | None:
+        """The step's record, or None if nothing changed; the log is then empty."""
+        allocations = self._allocations
+        if not (freed or allocations or self._cleared):
+            return None
+        record = StepRecord(self._cleared, freed, allocations, self.medium)
+        self._cleared = False
+        self._allocations = []
+        return record

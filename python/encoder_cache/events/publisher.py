@@ -1,8 +1,8 @@
 """Publishes event batches over ZMQ from a background thread (see ``wire`` for the format).
 
-The scheduler's side is ``publish(events)``: one ``SimpleQueue.put`` of the
-step's list, which never waits. A daemon thread takes the batches in order,
-numbers them, encodes them, sends each on the PUB socket without waiting
+The scheduler's side is ``publish(step)``: one ``SimpleQueue.put`` of the
+step's record, which never waits. A daemon thread takes the batches in order,
+builds their events (``StepRecord.events``), numbers them, encodes them, sends each on the PUB socket without waiting
 (ZMQ drops messages for a subscriber whose queue is at its high-water mark,
 so a slow subscriber loses messages, never holds up a step) and keeps the
 last ``buffer_steps`` encoded batches in a ring for replay. Between batches it
@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any
 
 from encoder_cache.events import wire
+from encoder_cache.events.log import StepRecord
 
 __all__ = ["EventPublisher", "binds", "engine_endpoint"]
 
@@ -119,8 +120,9 @@ class EventPublisher:
         self._thread = threading.Thread(target=self._run, name="encoder-cache-events", daemon=True)
         self._thread.start()
 
-    def publish(self, events: list[dict[str, Any]]) -> None:
-        """Queue one batch (the events of one step, in order); returns at once."""
+    def publish(self, events: list[dict[str, Any]] | StepRecord) -> None:
+        """Queue one batch: the events of one step, in order, or the step's
+        ``StepRecord`` (turned into events on the publisher's thread); returns at once."""
         self.published += 1
         self._queue.put((time.time(), events))
 
@@ -160,6 +162,8 @@ class EventPublisher:
                 return
             timestamp, events = item
             try:
+                if isinstance(events, StepRecord):
+                    events = events.events()
                 payload = wire.encode_batch(timestamp, events, engine)
             except Exception:  # one bad batch must not stop the stream
                 _logger.exception("encoder cache events: could not encode a batch; it is skipped")
