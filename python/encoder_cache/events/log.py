@@ -49,7 +49,7 @@ class StepRecord:
         events: list[dict[str, Any]] = [wire.cleared()] if self.cleared else []
         freed = self.freed
         if freed:
-            events.append(wire.removed(list(freed), medium))
+            events.append(wire.removed(freed, medium))
         stored: dict[str, tuple[int, str]] = {}
         for request, input_ids in self.allocations:
             features = request.mm_features
@@ -91,7 +91,8 @@ class StepEventLog:
         allocations = self._allocations
         if not (freed or allocations or self._cleared):
             return None
-        record = StepRecord(self._cleared, freed, allocations, self.medium)
+        # A copy: the scheduler passes the list it was given on to the workers.
+        record = StepRecord(self._cleared, list(freed), allocations, self.medium)
         self._cleared = False
         self._allocations = []
         return record
