@@ -169,8 +169,8 @@ class EncoderCacheManager(_core.EncoderCacheManager):
                 )
             return _core.EncoderDecoderCacheManager(size)
         observers = options.observe.observers(
-            engine=int(getattr(vllm_config.parallel_config, "data_parallel_index", 0) or 0),
-            model_name=str(vllm_config.model_config.served_model_name),
+            engine=int(getattr(getattr(vllm_config, "parallel_config", None), "data_parallel_index", 0) or 0),
+            model_name=str(getattr(vllm_config.model_config, "served_model_name", "") or ""),
             log=_log_stats,
             log_interval=options.log_stats_interval,
             announce=_logger.info,
