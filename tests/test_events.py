@@ -276,6 +276,25 @@ def test_a_stalled_subscriber_never_holds_the_publisher(ipc_dir: str) -> None:
         publisher.close()
 
 
+def test_a_batch_that_cannot_be_built_is_a_gap_no_replay_fills(ipc_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The stream goes on, and subscribers learn their view is incomplete."""
+    pub_endpoint, replay_endpoint = endpoints(ipc_dir)
+    broken = make_request("r", [("x", 8, "image")])
+    with (
+        EventPublisher(pub_endpoint, replay_endpoint=replay_endpoint) as publisher,
+        CacheEventSubscriber({"e": Engine(pub_endpoint, replay_endpoint)}) as subscriber,
+    ):
+        subscriber.sync("e")
+        publisher.publish([wire.stored("a", 1, "image")])
+        publisher.publish(StepRecord(False, [], [(broken, (5,))], wire.MEDIUM))  # no input 5
+        publisher.publish([wire.stored("b", 2, "image")])
+        catch_up(subscriber, publisher)
+        engine = subscriber.engine("e")
+        assert engine.seq == 2 and not engine.complete
+        assert set(engine.items) == {"a", "b"}
+    assert "could not build batch 1" in caplog.text
+
+
 def test_score_counts_each_engines_cached_embeddings(ipc_dir: str) -> None:
     a_pub, a_replay = endpoints(ipc_dir, "a")
     b_pub, b_replay = endpoints(ipc_dir, "b")

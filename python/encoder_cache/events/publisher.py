@@ -15,7 +15,6 @@ network, so it empties the queue as fast as it encodes (see BENCHMARKS.md,
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -153,7 +152,10 @@ class EventPublisher:
         poll = 0.05 if replay is not None else None
         while True:
             if replay is not None and replay.poll(0):
-                self._answer_replay()
+                try:
+                    self._answer_replay()
+                except Exception:  # a bad request must not stop the stream
+                    _logger.exception("encoder cache events: a replay request failed")
             try:
                 item = get(timeout=poll)
             except queue.Empty:
@@ -161,19 +163,24 @@ class EventPublisher:
             if item is _STOP:
                 return
             timestamp, events = item
+            seq = self.sent
+            self.sent = seq + 1
             try:
                 if isinstance(events, StepRecord):
                     events = events.events()
                 payload = wire.encode_batch(timestamp, events, engine)
-            except Exception:  # one bad batch must not stop the stream
-                _logger.exception("encoder cache events: could not encode a batch; it is skipped")
+            except Exception:
+                # The number stays used and nothing is sent or kept: subscribers see a
+                # gap no replay fills, and know their view of this engine is incomplete.
+                _logger.exception("encoder cache events: could not build batch %d; it is lost", seq)
                 continue
-            seq = self.sent
-            self.sent = seq + 1
             ring.append((seq, payload))
-            # No room for a subscriber: it sees the gap and asks for a replay.
-            with contextlib.suppress(zmq.Again):
+            try:
                 pub.send_multipart((topic, wire.encode_seq(seq), payload), flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                pass  # no room for a subscriber: it sees the gap and asks for a replay
+            except zmq.ZMQError:
+                _logger.exception("encoder cache events: could not send batch %d", seq)
 
     def _answer_replay(self) -> None:
         zmq = self._zmq
