@@ -14,6 +14,9 @@ BENCHMARKS.md, "Cache events":
   divides by the CPU time of the publishing process instead (the manager's
   thread and the publisher's), which other load on the machine does not
   inflate. Lost batches are counted (a subscriber that keeps up loses none).
+- *CPU per step*: the same loop without a subscriber, events off and on;
+  on, split between the scheduler's thread (``time.thread_time``) and the
+  publisher's (the rest of the process's CPU until it has sent everything).
 - *Step cost*: vLLM's scheduler with ``encoder_cache.vllm.Scheduler`` on the
   workloads of ``bench_vllm_scheduler.py``, without and with
   ``events_endpoint`` (plus a replay socket, and a subscriber process
@@ -73,6 +76,19 @@ def _subscribe(endpoint: str, replay: str, expected: int, started: Any, results:
         )
 
 
+def _requests(tag: str, steps: int) -> list[Request]:
+    return [
+        Request(
+            f"{tag}{n}",
+            [
+                MultiModalFeature(f"{tag}{n}.{i}", PlaceholderRange(i * ITEM_EMBEDS, ITEM_EMBEDS), "image")
+                for i in range(ITEMS_PER_REQUEST)
+            ],
+        )
+        for n in range(steps * (ITEMS_PER_STEP // ITEMS_PER_REQUEST))
+    ]
+
+
 def throughput(steps: int) -> dict[str, float]:
     """One throughput run of ``steps`` steps (see the module doc)."""
     directory = tempfile.mkdtemp(prefix="ec-bench-", dir="/tmp")
@@ -90,16 +106,7 @@ def throughput(steps: int) -> dict[str, float]:
             manager.observers = StepObservers(publisher=publisher)
             per_step = ITEMS_PER_STEP // ITEMS_PER_REQUEST
             window = ITEMS_PER_REQUEST * ITEM_EMBEDS
-            requests = [
-                Request(
-                    f"r{n}",
-                    [
-                        MultiModalFeature(f"h{n}.{i}", PlaceholderRange(i * ITEM_EMBEDS, ITEM_EMBEDS), "image")
-                        for i in range(ITEMS_PER_REQUEST)
-                    ],
-                )
-                for n in range(steps * per_step)
-            ]
+            requests = _requests("r", steps)
             begin = time.time()
             cpu = time.process_time()
             stepped = time.perf_counter()
@@ -130,6 +137,56 @@ def throughput(steps: int) -> dict[str, float]:
         "items_per_s": items / elapsed,
         "step_us": stepped / steps * 1e6,
         "index_ok": report["items"] == sum(manager.num_embeds_by_hash.values()),
+    }
+
+
+def _cpu_per_step(manager: Any, requests: list[Request], steps: int, publisher: Any = None) -> tuple[float, float]:
+    """µs of CPU per step of the throughput loop: (this thread's, the other
+    threads' until ``publisher`` has sent everything)."""
+    per_step = ITEMS_PER_STEP // ITEMS_PER_REQUEST
+    window = ITEMS_PER_REQUEST * ITEM_EMBEDS
+    it = iter(requests)
+    gc.collect()
+    gc.disable()
+    thread, process = time.thread_time(), time.process_time()
+    try:
+        for _ in range(steps):
+            batch = [next(it) for _ in range(per_step)]
+            for request in batch:
+                to_encode, *_ = manager.try_schedule_encoder_inputs(request, 0, window, 10**9)
+                manager.allocate_encoder_inputs(request, to_encode, [])
+            manager.get_freed_mm_hashes()
+            for request in batch:
+                manager.free(request)
+        thread = time.thread_time() - thread
+        for _ in range(60_000):  # at most a minute
+            if publisher is None or publisher.sent == publisher.published:
+                break
+            time.sleep(0.001)
+        others = time.process_time() - process - thread
+        return thread / steps * 1e6, others / steps * 1e6
+    finally:
+        gc.enable()
+
+
+def hand_off(steps: int, rounds: int) -> dict[str, float]:
+    """CPU per step of the throughput loop with events off and on (no
+    subscriber), split between the scheduler's thread and the publisher's;
+    each the fastest of ``rounds``."""
+    directory = tempfile.mkdtemp(prefix="ec-bench-", dir="/tmp")
+    off: list[float] = []
+    on: list[tuple[float, float]] = []
+    size = ITEMS_PER_STEP * ITEM_EMBEDS
+    with EventPublisher(f"ipc://{directory}/pub") as publisher:
+        for n in range(rounds):
+            off.append(_cpu_per_step(EncoderCacheManager(size), _requests(f"a{n}.", steps), steps)[0])
+            manager = observed_class(EncoderCacheManager, events=True)(size)
+            manager.observers = StepObservers(publisher=publisher)
+            on.append(_cpu_per_step(manager, _requests(f"b{n}.", steps), steps, publisher))
+    return {
+        "off_us": min(off),
+        "on_scheduler_us": min(t for t, _ in on),
+        "on_publisher_us": min(p for _, p in on),
     }
 
 
@@ -234,6 +291,12 @@ def main() -> None:
         print(f"  {unit:>12}: {statistics.median(values):>12,.0f}  ({min(values):,.0f} - {max(values):,.0f})")
     print(
         f"  batches received {[r['batches'] for r in runs]}, gaps {[r['gaps'] for r in runs]}, index ok {all(r['index_ok'] for r in runs)}"
+    )
+    cost = hand_off(min(args.steps, 2000), args.runs)
+    print(
+        f"CPU per step (64 allocations, 64 evictions; fastest of {args.runs}): events off {cost['off_us']:.0f} µs; "
+        f"on {cost['on_scheduler_us']:.0f} µs on the scheduler's thread + {cost['on_publisher_us']:.0f} µs "
+        "on the publisher's"
     )
     try:
         import vllm  # noqa: F401

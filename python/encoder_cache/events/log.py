@@ -11,7 +11,7 @@ publisher's thread turns it into the step's events (``StepRecord.events``):
 2. ``EncoderCacheRemoved`` with the freed hashes (vLLM's workers drop them
    at the start of their next step, before encoding anything new);
 3. ``EncoderCacheStored`` for each item allocated during the step and not
-   among the freed ones, in allocation order.
+   among the freed ones, in the order of their first allocation.
 
 This relies on the manager's report: ``get_freed_mm_hashes()`` leaves out the
 hashes that are cached when it is called. So a freed hash is not cached, and
@@ -50,21 +50,25 @@ class StepRecord:
         freed = self.freed
         if freed:
             events.append(wire.removed(freed, medium))
+        # hash -> (embeds, modality). An item allocated twice in the step (evicted
+        # between) keeps its first place: no other event of the step names it.
         stored: dict[str, tuple[int, str]] = {}
         for request, input_ids in self.allocations:
             features = request.mm_features
             for input_id in input_ids:
                 feature = features[input_id]
-                mm_hash = feature.identifier
-                stored.pop(mm_hash, None)  # allocated again: it moves last
-                stored[mm_hash] = (
+                stored[feature.identifier] = (
                     request.get_num_encoder_embeds(input_id),
                     getattr(feature, "modality", None) or "unknown",
                 )
         if freed and stored:
-            for mm_hash in set(freed).intersection(stored):
+            for mm_hash in stored.keys() & set(freed):
                 del stored[mm_hash]  # evicted after its allocation
-        events.extend(wire.stored(h, embeds, modality, medium) for h, (embeds, modality) in stored.items())
+        kind = wire.STORED
+        events.extend(
+            {"type": kind, "hash": mm_hash, "embeds": embeds, "modality": modality, "medium": medium}
+            for mm_hash, (embeds, modality) in stored.items()
+        )
         return events
 
 
