@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -293,6 +294,20 @@ def test_a_batch_that_cannot_be_built_is_a_gap_no_replay_fills(ipc_dir: str, cap
         assert engine.seq == 2 and not engine.complete
         assert set(engine.items) == {"a", "b"}
     assert "could not build batch 1" in caplog.text
+
+
+def test_an_engine_can_connect_to_a_binding_subscriber(ipc_dir: str) -> None:
+    """A tcp endpoint without a wildcard is connected to, as vLLM's publisher does; the router binds it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    endpoint, replay = f"tcp://127.0.0.1:{port}", endpoints(ipc_dir)[1]
+    with CacheEventSubscriber({"e": Engine(endpoint, replay, bind=True)}) as subscriber:
+        with EventPublisher(endpoint, replay_endpoint=replay) as publisher:
+            assert publisher.endpoint == endpoint
+            publisher.publish([wire.stored("x", 3, "image")])
+            catch_up(subscriber, publisher)
+        assert subscriber.engine("e").items == {"x": (3, "image")}
 
 
 def test_score_counts_each_engines_cached_embeddings(ipc_dir: str) -> None:

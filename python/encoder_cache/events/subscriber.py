@@ -27,10 +27,14 @@ __all__ = ["CacheEventSubscriber", "Engine"]
 
 @dataclass(frozen=True)
 class Engine:
-    """Where one engine publishes: its PUB endpoint and, optionally, its replay endpoint."""
+    """Where one engine publishes: its PUB endpoint and, optionally, its replay
+    endpoint. With ``bind``, the subscriber binds ``endpoint`` and the engine
+    connects to it (an ``events_endpoint`` without a wildcard, e.g.
+    ``tcp://router:5570``)."""
 
     endpoint: str
     replay_endpoint: str | None = None
+    bind: bool = False
 
 
 class CacheEventSubscriber:
@@ -60,7 +64,10 @@ class CacheEventSubscriber:
             sub = self._context.socket(zmq.SUB)
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.SUBSCRIBE, self._topic)
-            sub.connect(engine.endpoint)
+            if engine.bind:
+                sub.bind(engine.endpoint)
+            else:
+                sub.connect(engine.endpoint)
             self._subs[name] = sub
             self._names[sub] = name
             self._poller.register(sub, zmq.POLLIN)
