@@ -5,9 +5,13 @@ gaps healed by replay, and the index against the manager's own cached set."""
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -308,6 +312,42 @@ def test_an_engine_can_connect_to_a_binding_subscriber(ipc_dir: str) -> None:
             publisher.publish([wire.stored("x", 3, "image")])
             catch_up(subscriber, publisher)
         assert subscriber.engine("e").items == {"x": (3, "image")}
+
+
+def test_the_command_line_watcher_prints_replayed_and_live_batches(ipc_dir: str) -> None:
+    pub_endpoint, replay_endpoint = endpoints(ipc_dir)
+    with EventPublisher(pub_endpoint, replay_endpoint=replay_endpoint, engine=2) as publisher:
+        publisher.publish([wire.stored("x", 3, "image")])
+        wait_sent(publisher)
+        watcher = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "encoder_cache.events",
+                pub_endpoint,
+                "--replay",
+                replay_endpoint,
+                "--batches",
+                "2",
+                "--seconds",
+                "60",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            first = json.loads(watcher.stdout.readline())  # the replayed batch
+            for _ in range(100):  # the live one, once the subscription is up
+                publisher.publish([wire.removed(["x"])])
+                if watcher.poll() is not None:
+                    break
+                time.sleep(0.05)
+            lines = watcher.communicate(timeout=60)[0].splitlines()
+        finally:
+            watcher.kill()
+    assert first == {"seq": 0, "timestamp": first["timestamp"], "engine": 2, "events": [wire.stored("x", 3, "image")]}
+    second = json.loads(lines[0])
+    assert second["seq"] >= 1 and second["events"] == [wire.removed(["x"])]
 
 
 def test_score_counts_each_engines_cached_embeddings(ipc_dir: str) -> None:
