@@ -12,20 +12,23 @@ go before its first ones (vLLM's ``FreeKVCacheBlockQueue``). On admission the
 scheduler looks the request's full blocks up in order and skips the longest
 cached prefix (at most all but the last token, which must be computed).
 
-Token identity: the simulator has no token ids, so a request's tokens are
-described by *origins*: ranges ``[start, end)`` whose tokens are those of
-origin ``key`` at the same positions. A request's own new text and answer
-have the request as origin; a chat turn inherits its session's previous turn's
-origins over the prefix they share. Two blocks have the same hash exactly
-when their prefixes have the same origins and items.
+Token identity: a request's tokens are described by runs of content
+(``prompts.py``); two blocks hash alike exactly when their prefixes have the
+same runs and their items the same identifiers at the same places, as vLLM's
+block hashes do on token ids (its extra keys name each item a block holds and
+where it starts relative to the block).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
+from typing import Any
 
 from encoder_cache.simulator.workloads import Item
+
+#: ``(start, end, key, first)``, as ``prompts.Run``.
+Run = tuple[int, int, Any, int]
 
 __all__ = ["BLOCK_SIZE", "BlockHasher", "BlockPool"]
 
@@ -36,12 +39,12 @@ BLOCK_SIZE = 16
 class BlockHasher:
     """The chained hashes of one request's full blocks, computed as needed."""
 
-    __slots__ = ("block_size", "hashes", "item_ends", "item_ids", "item_starts", "origin_starts", "origins")
+    __slots__ = ("block_size", "hashes", "item_ends", "item_ids", "item_starts", "run_starts", "runs")
 
-    def __init__(self, origins: list[tuple[int, int, str]], items: tuple[Item, ...], block_size: int) -> None:
+    def __init__(self, runs: list[Run], items: tuple[Item, ...], block_size: int) -> None:
         self.block_size = block_size
-        self.origins = origins  # sorted, contiguous from 0: (start, end, key)
-        self.origin_starts = [o[0] for o in origins]
+        self.runs = runs  # sorted, contiguous from 0: (start, end, key, first)
+        self.run_starts = [r[0] for r in runs]
         self.item_starts = [i.offset for i in items]
         self.item_ends = [i.offset + i.length for i in items]
         self.item_ids = [i.identifier for i in items]
@@ -53,38 +56,47 @@ class BlockHasher:
         if len(hashes) >= num_blocks:
             return hashes
         parent = hashes[-1] if hashes else 0
-        origins, item_starts, item_ends, item_ids = self.origins, self.item_starts, self.item_ends, self.item_ids
+        runs, item_starts, item_ends, item_ids = self.runs, self.item_starts, self.item_ends, self.item_ids
         lo = len(hashes) * size
-        k = bisect_right(self.origin_starts, lo) - 1
+        k = bisect_right(self.run_starts, lo) - 1
         i = bisect_right(item_ends, lo)
-        num_items, num_origins = len(item_starts), len(origins)
+        num_items, num_runs = len(item_starts), len(runs)
         while len(hashes) < num_blocks:
             hi = lo + size
-            while origins[k][1] <= lo:
+            while runs[k][1] <= lo:
                 k += 1
-            _, end, key = origins[k]
+            start, end, key, first = runs[k]
             if end >= hi:
-                content: object = (key, lo)
+                content: object = (key, first + lo - start) if first >= 0 else key
             else:
-                pieces: list[object] = [(key, lo, end)]
+                pieces: list[object] = [_piece(runs[k], lo, hi)]
                 j = k + 1
-                while j < num_origins and origins[j][0] < hi:
-                    pieces.append((origins[j][2], origins[j][0], min(origins[j][1], hi)))
+                while j < num_runs and runs[j][0] < hi:
+                    pieces.append(_piece(runs[j], lo, hi))
                     j += 1
                 content = tuple(pieces)
             while i < num_items and item_ends[i] <= lo:
                 i += 1
             if i < num_items and item_starts[i] < hi:
-                ids = []
+                extra = []
                 j = i
                 while j < num_items and item_starts[j] < hi:
-                    ids.append(item_ids[j])
+                    extra.append((item_ids[j], item_starts[j] - lo))
                     j += 1
-                content = (content, *ids)
+                content = (content, *extra)
             parent = hash((parent, content))
             hashes.append(parent)
             lo = hi
         return hashes
+
+
+def _piece(run: Run, lo: int, hi: int) -> tuple[object, int, int]:
+    """The part of ``run`` inside ``[lo, hi)``: its key and which of its tokens."""
+    start, end, key, first = run
+    a, b = max(lo, start), min(hi, end)
+    if first < 0:
+        return (key, -1, b - a)
+    return (key, first + a - start, first + b - start)
 
 
 class BlockPool:

@@ -164,6 +164,10 @@ class RequestSpec:
     prompt_tokens: int
     output_tokens: int
     items: tuple[Item, ...]  # sorted by offset
+    #: The prompt described by content (``prompts.Segment``s, the whole
+    #: prompt, a session's history included), or None for the positional
+    #: format (its text belongs to this request, or to its session's earlier turn).
+    segments: tuple[Any, ...] | None = None
 
     @property
     def total_tokens(self) -> int:
