@@ -169,9 +169,10 @@ def _workload(args: argparse.Namespace, step_seconds: float) -> Any:
 
 
 def _max_tokens(workload: Any) -> int:
+    """The longest request's tokens, or 0 when a streamed workload does not know (the run checks each)."""
     if isinstance(workload, TraceWorkload):
         return workload.scan.max_tokens
-    return max((s.total_tokens for s in workload.specs), default=0)
+    return workload.max_tokens() or 0
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> Report | None:

@@ -25,7 +25,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from typing import Any
 
-from encoder_cache.simulator.workloads import Item
+from encoder_cache.simulator.spec import Item
 
 #: ``(start, end, key, first)``, as ``prompts.Run``.
 Run = tuple[int, int, Any, int]

@@ -1,26 +1,17 @@
-"""What a request's tokens are: prompts described by content, their layout,
-their token identity for prefix caching, and concrete token ids.
+"""A request's tokens: their identity for prefix caching, and concrete
+token ids for a real scheduler.
 
-A prompt is a sequence of *segments*:
-
-- ``Text(key, tokens)``: ``tokens`` tokens of the content named ``key``; the
-  same key always means the same tokens (a deployment's system prompt is one
-  key, shared by every request). Text that belongs to one request only has
-  the key ``(request_id, index)`` (``own_text`` assigns it).
-- ``ItemSegment(identifier, embeds, modality)``: a multimodal item, laid out
-  as the modality's start token, ``embeds`` placeholder tokens and the
-  modality's end token (the wrapper tokens are the same for every item of a
-  modality, as chat templates make them).
-- ``Answer(request_id, tokens)``: the tokens a request decoded; a chat turn's
-  prompt holds its previous turn's prompt and answer.
-
-A request's tokens are described by *runs* ``(start, end, key, first)``:
-token ``p`` in ``[start, end)`` is token ``first + p - start`` of content
-``key``, or, with ``first < 0``, the one token of ``key`` (placeholders). Two
-spans of tokens are equal exactly when their runs are (runs are merged where
-they continue each other), so the prefix cache can compare blocks by runs
-(``prefix_cache.BlockHasher``) and ``materialize`` can turn the same runs
-into token ids for a real scheduler: both see the same prompts.
+A request's tokens (prompt and answer) are described by *runs*
+``(start, end, key, first)``: token ``p`` in ``[start, end)`` is token
+``first + p - start`` of content ``key``, or, with ``first < 0``, the one
+token of ``key`` (an item's placeholders). Keys: ``("t", key)`` shared text,
+``("u", request, index)`` a request's own text, ``("o", request)`` its answer,
+``("s"|"p"|"e", modality)`` an item's start, placeholder and end tokens, and
+``("r", request)`` positional-format tokens (at their absolute positions).
+Two spans of tokens are equal exactly when their runs are (runs are merged
+where they continue each other), so the prefix cache compares blocks by runs
+(``prefix_cache.BlockHasher``) and ``materialize`` turns the same runs into
+token ids: both engines see the same prompts.
 
 Requests in the positional trace format (no segments: a text-token count and
 items at offsets) keep their meaning: their tokens are their own, except a
@@ -31,74 +22,17 @@ tokens are that turn's at the same positions.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from encoder_cache.simulator.workloads import Item, RequestSpec
+from encoder_cache.simulator.spec import Answer, Item, ItemSegment, RequestSpec
 
-__all__ = [
-    "Answer",
-    "ItemSegment",
-    "Materialized",
-    "Prompts",
-    "Run",
-    "Segment",
-    "Text",
-    "layout",
-    "materialize",
-    "own_text",
-    "shared_prefix",
-    "token_ids",
-]
-
-
-@dataclass(frozen=True)
-class Text:
-    #: A content key (str), or ``(request_id, index)`` for text of one request only.
-    key: Any
-    tokens: int
-
-
-@dataclass(frozen=True)
-class ItemSegment:
-    identifier: str
-    embeds: int
-    modality: str = "image"
-
-
-@dataclass(frozen=True)
-class Answer:
-    request_id: str
-    tokens: int
-
-
-Segment = Text | ItemSegment | Answer
 #: ``(start, end, key, first)``: see the module doc.
 Run = tuple[int, int, Any, int]
 
-
-def own_text(request_id: str, segments: Iterable[Segment]) -> tuple[Segment, ...]:
-    """``segments`` with each keyless ``Text`` (key None) given the key
-    ``(request_id, index)``, ``index`` its place among ``segments``."""
-    return tuple(
-        Text((request_id, i), s.tokens) if isinstance(s, Text) and s.key is None else s for i, s in enumerate(segments)
-    )
-
-
-def layout(segments: Sequence[Segment]) -> tuple[int, tuple[Item, ...]]:
-    """``(prompt_tokens, items)``: the prompt's length and its items' placeholder ranges."""
-    position = 0
-    items: list[Item] = []
-    for s in segments:
-        if isinstance(s, ItemSegment):
-            items.append(Item(s.identifier, position + 1, s.embeds, s.modality))
-            position += s.embeds + 2
-        else:
-            position += s.tokens
-    return position, tuple(items)
+__all__ = ["Materialized", "Prompts", "Run", "materialize", "segment_runs", "shared_prefix", "token_ids"]
 
 
 def _text_key(key: Any) -> Any:
