@@ -400,3 +400,19 @@ def test_ctrl_c_exits_cleanly_without_a_traceback(tmp_path):
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 130
     assert "Traceback" not in run.stderr and run.stderr.strip() == "encoder_cache simulate: interrupted"
+
+
+def test_the_report_says_what_the_prefix_cache_serves_and_which_lever_matters(capsys):
+    _, out, _ = simulate(capsys, "--json", "--workload", "video", "--requests", "40", "--policy", "vllm")
+    data = json.loads(out)
+    counters = data["headline"][0]["counters"]
+    occurrences = counters["prefix_skipped_items"] + counters["cache_hits"] + counters["encoded_items"]
+    assert counters["item_occurrences"] == occurrences > 0
+    assert counters["prefix_served_share"] == counters["prefix_skipped_items"] / occurrences > 0.3
+    without = data["no_prefix_caching"]
+    assert without["variant"]["policy"] == "vllm" and without["encoder_cache_size"] == 8192
+    assert without["counters"]["prefix_skipped_items"] == 0
+    assert without["counters"]["encoded_embeds"] > counters["encoded_embeds"]
+    text = data["recommendation_text"]
+    assert f"The KV prefix cache serves {counters['prefix_served_share']:.0%} of item occurrences" in text
+    assert "the prefix cache is the first lever here" in text
