@@ -336,20 +336,21 @@ def _segment_record(segment: Segment, request_id: str, index: int) -> dict[str, 
     raise ValueError(f"request {request_id}: segment {index} ({segment}) cannot be written to a trace line")
 
 
-def spec_record(spec: RequestSpec, step_seconds: float, previous: RequestSpec | None = None) -> dict[str, Any]:
+def spec_record(spec: RequestSpec, step_seconds: float, previous: tuple[str, int, int] | None = None) -> dict[str, Any]:
     """The trace line for ``spec``; ``previous`` is its session's previous
-    request, whose prompt and answer its prompt extends. Positional requests
-    are written with offsets, so the layout replays exactly."""
+    request (id, output tokens, prompt segments), whose prompt and answer its
+    prompt extends. Positional requests are written with offsets, so the
+    layout replays exactly."""
     record: dict[str, Any] = {"t": round(spec.arrival * step_seconds, 9), "session": spec.session}
     if spec.segments is not None:
         own = spec.segments
-        if previous is not None and previous.segments is not None:
-            history = (*previous.segments, Answer(previous.request_id, previous.output_tokens))
-            if spec.segments[: len(history)] != history:
+        if previous is not None:
+            request_id, output_tokens, length = previous
+            if spec.segments[length : length + 1] != (Answer(request_id, output_tokens),):
                 raise ValueError(
                     f"request {spec.request_id}: its prompt does not extend its session's previous request"
                 )
-            own = spec.segments[len(history) :]
+            own = spec.segments[length + 1 :]
         record["output_tokens"] = spec.output_tokens
         record["prompt"] = [_segment_record(s, spec.request_id, i) for i, s in enumerate(own)]
     else:
@@ -368,11 +369,11 @@ def spec_record(spec: RequestSpec, step_seconds: float, previous: RequestSpec | 
 def write_trace(specs: Iterable[RequestSpec], out: TextIO, step_seconds: float) -> int:
     """Write ``specs`` as trace lines; returns how many."""
     count = 0
-    last: dict[str, RequestSpec] = {}
+    last: dict[str, tuple[str, int, int]] = {}  # session -> its last request's (id, output tokens, segments)
     for spec in specs:
         previous = None if spec.session is None else last.get(spec.session)
         out.write(json.dumps(spec_record(spec, step_seconds, previous), separators=(",", ":")) + "\n")
-        if spec.session is not None:
-            last[spec.session] = spec
+        if spec.session is not None and spec.segments is not None:
+            last[spec.session] = (spec.request_id, spec.output_tokens, len(spec.segments))
         count += 1
     return count
