@@ -29,7 +29,7 @@ from ``variants.py``; the result is a ``results.RunResult``.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
@@ -42,10 +42,13 @@ from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE, BlockHasher, BlockPool
 from encoder_cache.simulator.prompts import Prompts, Run
 from encoder_cache.simulator.results import Counters, RunResult, SimulationError
-from encoder_cache.simulator.spec import RequestSpec
+from encoder_cache.simulator.spec import Answer, RequestSpec
 from encoder_cache.simulator.variants import Variant
 
 __all__ = ["simulate"]
+
+#: How many sessions' last requests are kept to reuse their block hashes.
+RECENT_SESSIONS = 4096
 
 
 class _Live:
@@ -124,6 +127,8 @@ class _Run:
         self.waiting: deque[_Live] = deque()
         self.arrivals = Arrivals(specs)
         self.prompts = Prompts()
+        #: Recent sessions' last requests: a turn reuses its prefix's block hashes (a bounded cache, not state).
+        self.recent: OrderedDict[str, _Live] = OrderedDict()
         self.encoded_ids: set[str] = set()
         self.seen_ids: set[str] = set()
 
@@ -136,6 +141,8 @@ class _Run:
     def _arrive(self, spec: RequestSpec) -> None:
         """``spec`` enters the waiting queue."""
         live = _Live(spec, self.prompts.runs(spec))
+        if spec.session is not None and spec.segments is not None:
+            self._reuse_hashes(live)
         for item in spec.items:
             if item.identifier not in self.seen_ids:
                 self.seen_ids.add(item.identifier)
@@ -143,6 +150,22 @@ class _Run:
                 self.counters.distinct_embeds += item.length
         self.waiting.append(live)
         self._mark(live)
+
+    def _reuse_hashes(self, live: _Live) -> None:
+        """A session turn extending its previous turn hashes that turn's prompt and answer alike:
+        take the full blocks' hashes it has already computed."""
+        spec, recent = live.spec, self.recent
+        previous = recent.pop(spec.session, None)  # type: ignore[arg-type]
+        recent[spec.session] = live  # type: ignore[index]
+        if len(recent) > RECENT_SESSIONS:
+            recent.popitem(last=False)
+        if previous is None or previous.spec.segments is None or spec.segments is None:
+            return
+        n = len(previous.spec.segments)
+        if spec.segments[n : n + 1] == (Answer(previous.spec.request_id, previous.spec.output_tokens),) and (
+            spec.segments[:n] == previous.spec.segments
+        ):
+            live.hasher.hashes = previous.hasher.hashes[: previous.spec.total_tokens // BLOCK_SIZE]
 
     def _mark(self, live: _Live) -> None:
         if self.lookahead and live.starts:
