@@ -255,3 +255,14 @@ def test_a_large_workload_is_generated_as_a_stream(monkeypatch):
     assert streamed.max_embeds_per_item() == {"image": 2560, "video": 256}, "the config's bounds"
     limits = SchedulerLimits(encoder_cache_size=8192)
     assert simulate(streamed, limits, Variant()).counters == simulate(kept, limits, Variant()).counters
+
+
+def test_reusing_a_previous_turns_block_hashes_changes_nothing(monkeypatch):
+    from encoder_cache.simulator import engine
+
+    workload = generate(WorkloadConfig(kind="chat", requests=120, think_steps=5.0, seed=3))
+    limits = SchedulerLimits(kv_capacity=65536)
+    reused = simulate(workload, limits, Variant()).counters
+    monkeypatch.setattr(engine, "RECENT_SESSIONS", 0)
+    recomputed = simulate(workload, limits, Variant()).counters
+    assert reused == recomputed and reused.prefix_skipped_items > 0
