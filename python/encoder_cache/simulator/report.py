@@ -186,34 +186,40 @@ class Report:
         return lines
 
     def lever_sentence(self) -> str | None:
-        """Which lever matters for this traffic: the KV prefix cache, or the encoder cache's size."""
+        """Which lever matters for this traffic: the KV prefix cache, or the encoder cache's size.
+        They are compared by the embeddings each saves: prefix caching against vllm without it,
+        an unbounded encoder cache against vllm at the default size."""
         base = self.baseline(self.headline)
         if base is None or self.unbounded is None:
             return None
         c = base.counters
         if not c.item_occurrences:
             return None
-        by_size = 1 - self.unbounded.counters.encoded_embeds / c.encoded_embeds if c.encoded_embeds else 0.0
+        by_size = c.encoded_embeds - self.unbounded.counters.encoded_embeds
+        size_share = by_size / c.encoded_embeds if c.encoded_embeds else 0.0
         served = (
             f"The KV prefix cache serves {c.prefix_served_share:.0%} of item occurrences, "
             f"the encoder cache {c.cache_served_share:.0%}"
         )
+        size_text = f"an unbounded encoder cache would save {by_size:,} embeddings more ({size_share:.0%})"
         if self.no_prefix is None:
-            return served + f"; an unbounded encoder cache would encode {by_size:.0%} less."
+            return f"{served}; {size_text}."
         without = self.no_prefix.counters.encoded_embeds
-        by_prefix = 1 - c.encoded_embeds / without if without else 0.0
+        by_prefix = without - c.encoded_embeds
+        prefix_share = by_prefix / without if without else 0.0
         served += (
-            f"; prefix caching saves {by_prefix:.0%} of the encoder work vllm would do without it, "
-            f"an unbounded encoder cache {by_size:.0%} of what is left"
+            f"; prefix caching saves {by_prefix:,} embeddings ({prefix_share:.0%} of what vllm encodes without it), "
+            + size_text
         )
-        if by_prefix >= by_size and by_prefix >= WITHIN:
+        if max(prefix_share, size_share) < WITHIN:
+            return served + ": neither lever moves much on this traffic."
+        if by_prefix >= by_size:
+            second = "encoder-cache size comes second" if size_share >= WITHIN else "encoder-cache size barely matters"
             return served + (
-                ": the prefix cache is the first lever here (keep prefix caching on, and the KV cache "
-                "large enough to hold the shared prefixes); encoder-cache size comes second."
+                ": the prefix cache is the first lever here (keep prefix caching on, with a KV cache large enough "
+                f"to hold the shared prefixes); {second}."
             )
-        if by_size >= WITHIN:
-            return served + ": the encoder cache's size is the lever here."
-        return served + ": neither lever moves much on this traffic."
+        return served + ": the encoder cache's size is the first lever here."
 
     # Text
 
