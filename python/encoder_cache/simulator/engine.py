@@ -364,7 +364,7 @@ class _Run:
                 c.prefix_skipped_embeds += live.spec.items[i].length
                 if self.observer is not None:
                     item = live.spec.items[i]
-                    self.observer.served(live.spec.request_id, i, item.identifier, self.counters.steps)
+                    self.observer.prefix_served(live.spec.request_id, i, item.identifier)
 
     def _start(
         self,
