@@ -48,7 +48,7 @@ from encoder_cache.simulator.variants import Variant
 __all__ = ["simulate"]
 
 #: How many sessions' last requests are kept to reuse their block hashes.
-RECENT_SESSIONS = 4096
+RECENT_SESSIONS = 1024
 
 
 class _Live:
@@ -128,7 +128,7 @@ class _Run:
         self.arrivals = Arrivals(specs)
         self.prompts = Prompts()
         #: Recent sessions' last requests: a turn reuses its prefix's block hashes (a bounded cache, not state).
-        self.recent: OrderedDict[str, _Live] = OrderedDict()
+        self.recent: OrderedDict[str, tuple[RequestSpec, list[int]]] = OrderedDict()
         self.encoded_ids: set[str] = set()
         self.seen_ids: set[str] = set()
 
@@ -155,17 +155,18 @@ class _Run:
         """A session turn extending its previous turn hashes that turn's prompt and answer alike:
         take the full blocks' hashes it has already computed."""
         spec, recent = live.spec, self.recent
-        previous = recent.pop(spec.session, None)  # type: ignore[arg-type]
-        recent[spec.session] = live  # type: ignore[index]
+        assert spec.session is not None and spec.segments is not None
+        last = recent.pop(spec.session, None)
+        if last is not None:
+            previous, hashes = last
+            n = len(previous.segments)  # type: ignore[arg-type]
+            if spec.segments[n : n + 1] == (Answer(previous.request_id, previous.output_tokens),) and (
+                spec.segments[:n] == previous.segments
+            ):
+                live.hasher.hashes = hashes[: previous.total_tokens // BLOCK_SIZE]
+        recent[spec.session] = (spec, live.hasher.hashes)  # the list the hasher goes on filling
         if len(recent) > RECENT_SESSIONS:
             recent.popitem(last=False)
-        if previous is None or previous.spec.segments is None or spec.segments is None:
-            return
-        n = len(previous.spec.segments)
-        if spec.segments[n : n + 1] == (Answer(previous.spec.request_id, previous.spec.output_tokens),) and (
-            spec.segments[:n] == previous.spec.segments
-        ):
-            live.hasher.hashes = previous.hasher.hashes[: previous.spec.total_tokens // BLOCK_SIZE]
 
     def _mark(self, live: _Live) -> None:
         if self.lookahead and live.starts:

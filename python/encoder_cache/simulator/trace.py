@@ -236,7 +236,7 @@ class _Scan:
     requests: int = 0
     max_embeds: dict[str, int] = field(default_factory=dict)
     max_tokens: int = 0
-    #: Every item id seen: its embeddings and the line that first gave them.
+    #: Every item id seen: its embeddings and the line that first gave them (during validation).
     embeds: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
@@ -294,6 +294,7 @@ class TraceWorkload:
                 ids.add(spec.request_id)
         if not self.scan.requests:
             raise TraceError(f"{path}: no requests in the trace")
+        embeds.clear()  # only validation needs it; the workload is copied to every worker process
 
     def _read(self) -> Iterator[tuple[int, RequestSpec]]:
         last_t = 0.0
