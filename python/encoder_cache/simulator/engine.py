@@ -48,7 +48,7 @@ from encoder_cache.simulator.variants import Variant
 __all__ = ["simulate"]
 
 #: How many sessions' last requests are kept to reuse their block hashes.
-RECENT_SESSIONS = 1024
+RECENT_SESSIONS = 256
 
 
 class _Live:
