@@ -266,3 +266,55 @@ def test_reusing_a_previous_turns_block_hashes_changes_nothing(monkeypatch):
     monkeypatch.setattr(engine, "RECENT_SESSIONS", 0)
     recomputed = simulate(workload, limits, Variant()).counters
     assert reused == recomputed and reused.prefix_skipped_items > 0
+
+
+def _positional_requests(seed: int, count: int) -> list[RequestSpec]:
+    """Positional-format requests; some continue the previous one's session with more items."""
+    from encoder_cache.simulator.spec import Item
+
+    rng = random.Random(seed)
+    specs: list[RequestSpec] = []
+    for n in range(count):
+        if specs and rng.random() < 0.5:
+            previous = specs[-1]
+            offset = previous.total_tokens + rng.randint(1, 20)
+            items = (*previous.items, Item(rng.choice("abc"), offset, 33, "image"))
+            session = previous.session
+        else:
+            offset = rng.randint(1, 40)
+            items = (Item(rng.choice("abc"), offset, rng.choice([14, 33, 47]), "image"),)
+            session = f"s{n}"
+        length = items[-1].offset + items[-1].length + 1 + rng.randint(0, 30)
+        specs.append(RequestSpec(f"r{n}", 0, session, None, length, rng.randint(1, 40), items))
+    return specs
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_positional_block_identity_matches_vllm_hashing_too(seed):
+    prompts = Prompts()
+    ours, theirs = [], []
+    for spec in _positional_requests(seed, 40):
+        runs = prompts.runs(spec)
+        request = materialize(spec, runs)
+        blocks = spec.total_tokens // BLOCK_SIZE
+        ours += BlockHasher(runs, spec.items, BLOCK_SIZE).upto(blocks)
+        theirs += _vllm_block_keys(request.prompt_token_ids + request.output_token_ids, spec.items, blocks)
+    shared = 0
+    for (a, x), (b, y) in itertools.combinations(zip(ours, theirs), 2):
+        assert (a == b) == (x == y)
+        shared += a == b
+    assert shared > 20, "session turns share their history's blocks"
+
+
+def test_block_hashes_computed_a_few_at_a_time_equal_all_at_once():
+    prompts = Prompts()
+    for spec in _random_requests(9, 30) + _positional_requests(9, 30):
+        runs = prompts.runs(spec)
+        blocks = spec.total_tokens // BLOCK_SIZE
+        whole = BlockHasher(runs, spec.items, BLOCK_SIZE).upto(blocks)
+        stepwise = BlockHasher(runs, spec.items, BLOCK_SIZE)
+        n = 0
+        while n < blocks:
+            n = min(blocks, n + 1 + n % 3)
+            stepwise.upto(n)
+        assert stepwise.hashes == whole and len(whole) == blocks

@@ -61,12 +61,46 @@ class BlockHasher:
         k = bisect_right(self.run_starts, lo) - 1
         i = bisect_right(item_ends, lo)
         num_items, num_runs = len(item_starts), len(runs)
+        append = hashes.append
         while len(hashes) < num_blocks:
             hi = lo + size
             while runs[k][1] <= lo:
                 k += 1
+            while i < num_items and item_ends[i] <= lo:
+                i += 1
             start, end, key, first = runs[k]
             if end >= hi:
+                # Fast paths: a stretch of blocks inside this run that hold no item, or
+                # only the placeholders of item i, hash alike but for their offsets.
+                if i >= num_items or item_starts[i] >= hi:
+                    limit = end if i >= num_items else min(end, item_starts[i])
+                    stop = min(lo + (num_blocks - len(hashes)) * size, limit - (limit - lo) % size)
+                    if first >= 0:
+                        base = first - start
+                        for b in range(lo, stop, size):
+                            parent = hash((parent, (key, base + b)))
+                            append(parent)
+                    else:
+                        for _ in range(lo, stop, size):
+                            parent = hash((parent, key))
+                            append(parent)
+                    lo = stop
+                    continue
+                if item_starts[i] <= lo and item_ends[i] >= hi:
+                    limit = min(end, item_ends[i])
+                    stop = min(lo + (num_blocks - len(hashes)) * size, limit - (limit - lo) % size)
+                    identifier, offset = item_ids[i], item_starts[i]
+                    if first >= 0:
+                        base = first - start
+                        for b in range(lo, stop, size):
+                            parent = hash((parent, ((key, base + b), (identifier, offset - b))))
+                            append(parent)
+                    else:
+                        for b in range(lo, stop, size):
+                            parent = hash((parent, (key, (identifier, offset - b))))
+                            append(parent)
+                    lo = stop
+                    continue
                 content: object = (key, first + lo - start) if first >= 0 else key
             else:
                 pieces: list[object] = [_piece(runs[k], lo, hi)]
@@ -75,8 +109,6 @@ class BlockHasher:
                     pieces.append(_piece(runs[j], lo, hi))
                     j += 1
                 content = tuple(pieces)
-            while i < num_items and item_ends[i] <= lo:
-                i += 1
             if i < num_items and item_starts[i] < hi:
                 extra = []
                 j = i
@@ -85,7 +117,7 @@ class BlockHasher:
                     j += 1
                 content = (content, *extra)
             parent = hash((parent, content))
-            hashes.append(parent)
+            append(parent)
             lo = hi
         return hashes
 
