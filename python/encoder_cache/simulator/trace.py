@@ -249,9 +249,10 @@ class _Turns:
 
     def extend(self, spec: RequestSpec, line: int) -> RequestSpec:
         """``spec`` with its session's history before its own segments."""
-        if spec.session is None:
+        session = spec.session
+        if session is None:
             return spec
-        previous = self.last.get(spec.session)
+        previous = self.last.get(session)
         if previous is not None and (previous.segments is None) != (spec.segments is None):
             raise TraceError(
                 f"{self.path}:{line}: field 'prompt': session {spec.session!r} mixes the two formats "
@@ -263,7 +264,7 @@ class _Turns:
             spec = RequestSpec.described(
                 spec.request_id, spec.arrival, spec.session, spec.think, history + spec.segments, spec.output_tokens
             )
-        self.last[spec.session] = spec
+        self.last[session] = spec
         return spec
 
 
