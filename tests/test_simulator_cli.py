@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -416,3 +417,37 @@ def test_the_report_says_what_the_prefix_cache_serves_and_which_lever_matters(ca
     text = data["recommendation_text"]
     assert f"The KV prefix cache serves {counters['prefix_served_share']:.0%} of item occurrences" in text
     assert "the prefix cache is the first lever here" in text
+
+
+def _slow_engine(workload, limits, variant, *, cache_size, cost, check, progress=None):
+    from encoder_cache.simulator import Counters, RunResult
+
+    for done in range(10, 50, 10):
+        time.sleep(0.15)
+        if progress is not None:
+            progress(done)
+    return RunResult(variant, 1, cache_size, Counters(requests=workload.num_requests), 0.0, 0.0)
+
+
+class _RecordingBar:
+    def __init__(self) -> None:
+        self.total, self.done, self.label, self.seen = 100, 0, "", []
+
+    def update(self, done: int) -> None:
+        self.seen.append(self.done + done)
+
+
+def test_runs_in_worker_processes_report_progress_as_they_go():
+    from types import SimpleNamespace
+
+    from encoder_cache.simulator import SchedulerLimits, Variant
+    from encoder_cache.simulator.cost import EncoderCost
+    from encoder_cache.simulator.sweep import Runner
+
+    bar = _RecordingBar()
+    runner = Runner(SimpleNamespace(num_requests=50), SchedulerLimits(), EncoderCost(), False, 2, bar, _slow_engine)
+    results = runner.run([(Variant(), 1000), (Variant(), 2000)])
+    assert [r.encoder_cache_size for r in results] == [1000, 2000]
+    assert bar.done == 100
+    assert any(v % 50 for v in bar.seen), "requests finished inside a run show before the run ends"
+    assert max(bar.seen) <= 100

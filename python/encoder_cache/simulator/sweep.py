@@ -30,14 +30,34 @@ Engine = Callable[..., RunResult]
 Job = tuple[Variant, int | None] | tuple[Variant, int | None, SchedulerLimits]
 
 
-def _ignore_interrupts() -> None:
-    """Workers leave Ctrl-C to the parent, which stops them."""
+#: In a worker process: the requests its runs in progress have finished, shared with the parent.
+_finished: Any = None
+
+
+def _start_worker(finished: Any) -> None:
+    """Workers leave Ctrl-C to the parent, which stops them, and report progress through ``finished``."""
+    global _finished
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _finished = finished
 
 
 def _one(job: tuple[Engine, Any, SchedulerLimits, Variant, int | None, EncoderCost, bool]) -> RunResult:
     engine, workload, limits, variant, size, cost, check = job
-    return engine(workload, limits, variant, cache_size=size, cost=cost, check=check)
+    reported = 0
+
+    def progress(done: int) -> None:
+        nonlocal reported
+        if _finished is not None:
+            with _finished.get_lock():
+                _finished.value += done - reported
+            reported = done
+
+    try:
+        return engine(workload, limits, variant, cache_size=size, cost=cost, check=check, progress=progress)
+    finally:
+        if _finished is not None and reported:  # the parent counts a finished run whole
+            with _finished.get_lock():
+                _finished.value -= reported
 
 
 class Runner:
@@ -87,7 +107,8 @@ class Runner:
 
     def _parallel(self, todo: list[tuple[Variant, int | None, SchedulerLimits]]) -> None:
         context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-        pool = context.Pool(min(self.jobs, len(todo)), initializer=_ignore_interrupts)
+        finished = context.Value("q", 0)
+        pool = context.Pool(min(self.jobs, len(todo)), initializer=_start_worker, initargs=(finished,))
         try:
             pending = {
                 key: pool.apply_async(
@@ -102,7 +123,7 @@ class Runner:
                 if pending:
                     time.sleep(0.05)
                     if self.bar is not None:
-                        self.bar.update(0)
+                        self.bar.update(finished.value)
             pool.close()
         except BaseException:
             pool.terminate()  # Ctrl-C or a failed run: stop the other runs now
