@@ -41,7 +41,8 @@ def _start_worker(finished: Any) -> None:
     _finished = finished
 
 
-def _one(job: tuple[Engine, Any, SchedulerLimits, Variant, int | None, EncoderCost, bool]) -> RunResult:
+def _one(job: tuple[Engine, Any, SchedulerLimits, Variant, int | None, EncoderCost, bool]) -> tuple[RunResult, int]:
+    """The run's result, and how many of its finished requests it added to the shared count."""
     engine, workload, limits, variant, size, cost, check = job
     reported = 0
 
@@ -52,12 +53,8 @@ def _one(job: tuple[Engine, Any, SchedulerLimits, Variant, int | None, EncoderCo
                 _finished.value += done - reported
             reported = done
 
-    try:
-        return engine(workload, limits, variant, cache_size=size, cost=cost, check=check, progress=progress)
-    finally:
-        if _finished is not None and reported:  # the parent counts a finished run whole
-            with _finished.get_lock():
-                _finished.value -= reported
+    result = engine(workload, limits, variant, cache_size=size, cost=cost, check=check, progress=progress)
+    return result, reported
 
 
 class Runner:
@@ -118,7 +115,9 @@ class Runner:
             }
             while pending:
                 for key in [k for k, result in pending.items() if result.ready()]:
-                    self.done[key] = pending.pop(key).get()
+                    self.done[key], reported = pending.pop(key).get()
+                    with finished.get_lock():  # the run now counts whole, in the bar's own total
+                        finished.value -= reported
                     self._advance()
                 if pending:
                     time.sleep(0.05)
