@@ -29,7 +29,7 @@ from ``variants.py``; the result is a ``results.RunResult``.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
@@ -40,11 +40,15 @@ from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE, BlockHasher, BlockPool
+from encoder_cache.simulator.prompts import Prompts, Run
 from encoder_cache.simulator.results import Counters, RunResult, SimulationError
+from encoder_cache.simulator.spec import Answer, RequestSpec
 from encoder_cache.simulator.variants import Variant
-from encoder_cache.simulator.workloads import RequestSpec
 
-__all__ = ["shared_prefix", "simulate"]
+__all__ = ["simulate"]
+
+#: How many sessions' last requests are kept to reuse their block hashes.
+RECENT_SESSIONS = 256
 
 
 class _Live:
@@ -58,7 +62,6 @@ class _Live:
         "num_hashed",
         "num_output",
         "num_tokens",
-        "origins",
         "request",
         "restarted",
         "served",
@@ -67,7 +70,7 @@ class _Live:
         "starts",
     )
 
-    def __init__(self, spec: RequestSpec, origins: list[tuple[int, int, str]]) -> None:
+    def __init__(self, spec: RequestSpec, runs: list[Run]) -> None:
         self.spec = spec
         features = [
             MultiModalFeature(item.identifier, PlaceholderRange(item.offset, item.length), item.modality)
@@ -79,33 +82,16 @@ class _Live:
         self.served = [False] * len(features)  # encoded, hit or in the cached prefix since the (re)start
         self.starts = [item.offset for item in spec.items]
         self.ends = [item.offset + item.length for item in spec.items]
-        self.origins = origins
-        self.hasher = BlockHasher(origins, spec.items, BLOCK_SIZE)
+        self.hasher = BlockHasher(runs, spec.items, BLOCK_SIZE)
         self.blocks: list[int] = []
         self.num_hashed = 0
         self.finished: int | None = None  # the step it finished at
-        #: Only a session's later turns can share this request's blocks; a
+        #: Any request described by content may share blocks with others; in
+        #: the positional format only a session's later turns can, and a
         #: request alone in its session can only find its own blocks again,
         #: after a preemption, so it keys them only then.
-        self.shareable = spec.session is not None
+        self.shareable = spec.segments is not None or spec.session is not None
         self.restarted = False
-
-
-def shared_prefix(previous: RequestSpec, spec: RequestSpec) -> int:
-    """How many leading tokens ``spec`` shares with ``previous``'s prompt and
-    answer: up to the shorter of the two, cut before the first item that is not
-    at the same place in both."""
-    limit = min(previous.total_tokens, spec.prompt_tokens)
-    a_items, b_items = previous.items, spec.items
-    j = 0
-    while True:
-        a = a_items[j] if j < len(a_items) and a_items[j].offset < limit else None
-        b = b_items[j] if j < len(b_items) and b_items[j].offset < limit else None
-        if a is None and b is None:
-            return limit
-        if a != b:
-            return max(0, min(x.offset - 1 for x in (a, b) if x is not None))
-        j += 1
 
 
 def _blocks_for(tokens: int) -> int:
@@ -140,8 +126,9 @@ class _Run:
         self.running: list[_Live] = []
         self.waiting: deque[_Live] = deque()
         self.arrivals = Arrivals(specs)
-        #: Each session's last arrived request: its prompt is the next turn's prefix.
-        self.last_turn: dict[str, _Live] = {}
+        self.prompts = Prompts()
+        #: Recent sessions' last requests: a turn reuses its prefix's block hashes (a bounded cache, not state).
+        self.recent: OrderedDict[str, tuple[RequestSpec, list[int]]] = OrderedDict()
         self.encoded_ids: set[str] = set()
         self.seen_ids: set[str] = set()
 
@@ -152,23 +139,10 @@ class _Run:
             self._arrive(spec)
 
     def _arrive(self, spec: RequestSpec) -> None:
-        """``spec`` enters the waiting queue; a session turn inherits its prefix's token identity."""
-        origins = [(0, spec.total_tokens, spec.request_id)]
-        live = None
-        if spec.session is not None:
-            previous = self.last_turn.get(spec.session)
-            shared = 0
-            if previous is not None:
-                shared = shared_prefix(previous.spec, spec)
-                if shared:
-                    origins = [(s, min(e, shared), k) for s, e, k in previous.origins if s < shared]
-                    origins.append((shared, spec.total_tokens, spec.request_id))
-            live = self.last_turn[spec.session] = _Live(spec, origins)
-            if shared:
-                # Full blocks inside the shared prefix hash as the previous turn's did.
-                live.hasher.hashes = previous.hasher.hashes[: shared // BLOCK_SIZE]  # type: ignore[union-attr]
-        if live is None:
-            live = _Live(spec, origins)
+        """``spec`` enters the waiting queue."""
+        live = _Live(spec, self.prompts.runs(spec))
+        if spec.session is not None and spec.segments is not None:
+            self._reuse_hashes(live)
         for item in spec.items:
             if item.identifier not in self.seen_ids:
                 self.seen_ids.add(item.identifier)
@@ -176,6 +150,23 @@ class _Run:
                 self.counters.distinct_embeds += item.length
         self.waiting.append(live)
         self._mark(live)
+
+    def _reuse_hashes(self, live: _Live) -> None:
+        """A session turn extending its previous turn hashes that turn's prompt and answer alike:
+        take the full blocks' hashes it has already computed."""
+        spec, recent = live.spec, self.recent
+        assert spec.session is not None and spec.segments is not None
+        last = recent.pop(spec.session, None)
+        if last is not None:
+            previous, hashes = last
+            n = len(previous.segments)  # type: ignore[arg-type]
+            if spec.segments[n : n + 1] == (Answer(previous.request_id, previous.output_tokens),) and (
+                spec.segments[:n] == previous.segments
+            ):
+                live.hasher.hashes = hashes[: previous.total_tokens // BLOCK_SIZE]
+        recent[spec.session] = (spec, live.hasher.hashes)  # the list the hasher goes on filling
+        if len(recent) > RECENT_SESSIONS:
+            recent.popitem(last=False)
 
     def _mark(self, live: _Live) -> None:
         if self.lookahead and live.starts:
@@ -374,7 +365,7 @@ class _Run:
                 c.prefix_skipped_embeds += live.spec.items[i].length
                 if self.observer is not None:
                     item = live.spec.items[i]
-                    self.observer.served(live.spec.request_id, i, item.identifier, self.counters.steps)
+                    self.observer.prefix_served(live.spec.request_id, i, item.identifier)
 
     def _start(
         self,
