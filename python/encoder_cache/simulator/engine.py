@@ -15,6 +15,10 @@ of its tokens, and items wholly inside it are never scheduled for encoding.
 When the pool runs out, the newest running request is preempted: it frees its
 references and blocks and later starts again (its cached blocks may survive).
 
+With a host tier (``host_tier.py``) an item the GPU encoder cache lacks is
+loaded from host memory when the tier holds it ready, instead of encoded; the
+tier saves what the GPU encodes, and the worker's copies end with the step.
+
 With ``lookahead`` the scheduler marks every request in the waiting queue on
 the manager (``mark_waiting`` when it arrives there, preempted ones included;
 ``unmark_waiting`` when it is admitted), so the manager evicts entries a
@@ -38,6 +42,7 @@ from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 from encoder_cache.simulator import checks, oracle
 from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
+from encoder_cache.simulator.host_tier import HostTierModel
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE, BlockHasher, BlockPool
 from encoder_cache.simulator.prompts import Prompts, Run
@@ -110,8 +115,10 @@ class _Run:
         observer: Any,
         check: bool,
         progress: Callable[[int], None] | None,
+        host: HostTierModel | None = None,
     ) -> None:
         self.limits = limits
+        self.host = host
         self.manager = manager
         self.encoder_compute_budget = encoder_compute_budget
         self.cost = cost
@@ -266,16 +273,21 @@ class _Run:
 
     def _try_schedule(
         self, live: _Live, computed: int, num_new_tokens: int, budget: int
-    ) -> tuple[int, list[int], int, list[int]]:
-        """``(num_new_tokens, to_encode, budget_after, repeated)`` for the request."""
+    ) -> tuple[int, list[int], int, list[int], list[int]]:
+        """``(num_new_tokens, to_encode, budget_after, repeated, to_load)`` for the request."""
         if not live.starts or live.ends[-1] <= computed:
-            return num_new_tokens, [], budget, []
+            return num_new_tokens, [], budget, [], []
         start = perf_counter()
-        to_encode, num_new_tokens, budget, _, repeated = self.manager.try_schedule_encoder_inputs(
-            live.request, computed, num_new_tokens, budget
-        )
+        if self.host is None:
+            to_encode, num_new_tokens, budget, to_load, repeated = self.manager.try_schedule_encoder_inputs(
+                live.request, computed, num_new_tokens, budget
+            )
+        else:
+            to_encode, num_new_tokens, budget, to_load, repeated = self.manager.try_schedule_encoder_inputs(
+                live.request, computed, num_new_tokens, budget, has_remote_item=self.host.has_cache_item
+            )
         self.bookkeeping += perf_counter() - start
-        return num_new_tokens, to_encode, budget, repeated
+        return num_new_tokens, to_encode, budget, repeated, to_load
 
     def _schedule(self) -> list[tuple[_Live, int]]:
         limits, running, pool = self.limits, self.running, self.pool
@@ -288,7 +300,9 @@ class _Run:
             live = running[index]
             computed = live.request.num_computed_tokens
             num_new = min(live.num_tokens - computed, token_budget)
-            num_new, to_encode, budget_after, repeated = self._try_schedule(live, computed, num_new, encoder_budget)
+            num_new, to_encode, budget_after, repeated, to_load = self._try_schedule(
+                live, computed, num_new, encoder_budget
+            )
             if num_new == 0:
                 index += 1
                 continue
@@ -297,7 +311,7 @@ class _Run:
                 token_budget -= num_new
                 if to_encode:
                     encoder_budget = budget_after
-                self._start(live, num_new, to_encode, repeated, scheduled)
+                self._start(live, num_new, to_encode, repeated, scheduled, to_load)
                 index += 1
                 continue
             while need > len(pool.free):
@@ -312,7 +326,7 @@ class _Run:
             token_budget -= num_new
             if to_encode:
                 encoder_budget = budget_after
-            self._start(live, num_new, to_encode, repeated, scheduled)
+            self._start(live, num_new, to_encode, repeated, scheduled, to_load)
             index += 1
         if not preempted:
             skipped: list[_Live] = []
@@ -326,7 +340,9 @@ class _Run:
                     cached = []
                 computed = len(cached) * BLOCK_SIZE
                 num_new = min(live.num_tokens - computed, token_budget)
-                num_new, to_encode, budget_after, repeated = self._try_schedule(live, computed, num_new, encoder_budget)
+                num_new, to_encode, budget_after, repeated, to_load = self._try_schedule(
+                    live, computed, num_new, encoder_budget
+                )
                 if num_new == 0:
                     skipped.append(self.waiting.popleft())
                     continue
@@ -348,7 +364,7 @@ class _Run:
                 token_budget -= num_new
                 if to_encode:
                     encoder_budget = budget_after
-                self._start(live, num_new, to_encode, repeated, scheduled)
+                self._start(live, num_new, to_encode, repeated, scheduled, to_load)
             self.waiting.extendleft(reversed(skipped))
         start = perf_counter()
         freed = self.manager.get_freed_mm_hashes()
@@ -374,22 +390,29 @@ class _Run:
         to_encode: list[int],
         repeated: list[int],
         scheduled: list[tuple[_Live, int]],
+        to_load: list[int],
     ) -> None:
         """Commit ``num_new`` tokens of ``live`` to this step and account for its items."""
         scheduled.append((live, num_new))
         request = live.request
-        if to_encode:
+        if to_encode or to_load:
             start = perf_counter()
-            self.manager.allocate_encoder_inputs(request, to_encode, repeated)
+            self.manager.allocate_encoder_inputs(request, to_encode + to_load if to_load else to_encode, repeated)
             self.bookkeeping += perf_counter() - start
+            if self.host is not None:
+                self._host_alloc(live, to_encode, to_load)
         # The items whose placeholders overlap this step's tokens.
         computed = request.num_computed_tokens
         first = bisect_right(live.ends, computed)
         last = bisect_left(live.starts, computed + num_new)
-        if first >= last and not to_encode:
+        if first >= last and not to_encode and not to_load:
             return
         c, served, items, observer = self.counters, live.served, live.spec.items, self.observer
         step = c.steps
+        for i in to_load:
+            if not served[i] and observer is not None:
+                observer.served(live.spec.request_id, i, items[i].identifier, step)
+            served[i] = True
         for i in to_encode:
             item = items[i]
             embeds = item.length
@@ -415,6 +438,16 @@ class _Run:
                     observer.served(live.spec.request_id, i, items[i].identifier, step)
         if self.check:
             checks.window(self.manager, live.request, first, last, to_encode)
+
+    def _host_alloc(self, live: _Live, to_encode: list[int], to_load: list[int]) -> None:
+        """The host tier's part of an allocation, in vLLM's order: encoded items, then loaded ones."""
+        host, items = self.host, live.spec.items
+        assert host is not None
+        host.missed(len(to_encode))
+        for i in to_encode:
+            host.after_alloc(items[i].identifier, items[i].length)
+        for i in to_load:
+            host.after_alloc(items[i].identifier, items[i].length)
 
     def _key_full_blocks(self, live: _Live) -> None:
         """Key the request's newly full computed blocks in the prefix cache."""
@@ -447,6 +480,8 @@ class _Run:
         self.counters.preemptions += 1
 
     def _update(self, scheduled: list[tuple[_Live, int]]) -> None:
+        if self.host is not None:
+            self.host.step_done()
         finished = False
         for live, num_new in scheduled:
             request = live.request
@@ -492,13 +527,15 @@ def simulate(
     check: bool = False,
     progress: Callable[[int], None] | None = None,
     observer: Any = None,
+    host: HostTierModel | None = None,
 ) -> RunResult:
     """Replay ``workload`` (a generated ``Workload`` or a ``TraceWorkload``)
     through the scheduler with one manager variant.
 
     ``cache_size`` overrides the encoder cache size vLLM would derive;
     ``progress`` is called now and then with the number of finished requests;
-    ``observer`` is told when each item occurrence is served (the oracle's first pass).
+    ``observer`` is told when each item occurrence is served (the oracle's first pass);
+    ``host`` replaces the host-tier model the variant's ``host`` would build.
     ``simulate(workload, limits, implementation, behaviour)`` (two names) runs
     the manager ``MANAGERS`` holds for them.
     """
@@ -509,6 +546,10 @@ def simulate(
     compute_budget, derived_size = limits.encoder_budget(workload.max_embeds_per_item())
     size = derived_size if cache_size is None else max(cache_size, *workload.max_embeds_per_item().values(), 1)
     future = None
+    if host is None and variant.host is not None:
+        host = HostTierModel(variant.host)
+    if host is not None and variant.policy == "oracle":
+        raise ValueError("the oracle runs without a host tier")
     if variant.policy == "oracle":
         recorder = oracle.Recorder()
         simulate(workload, limits, Variant(), cache_size=size, cost=cost, observer=recorder)
@@ -526,12 +567,14 @@ def simulate(
         observer,
         check,
         progress,
+        host,
     )
     start = perf_counter()
     run.run()
     wall = perf_counter() - start
     stats = manager.stats() if hasattr(manager, "stats") else None
-    return RunResult(variant, compute_budget, size, run.counters, run.bookkeeping, wall, stats)
+    counters = None if host is None else host.counters
+    return RunResult(variant, compute_budget, size, run.counters, run.bookkeeping, wall, stats, counters)
 
 
 def _checked(specs: Iterator[RequestSpec], blocks: int, limits: SchedulerLimits) -> Iterator[RequestSpec]:
