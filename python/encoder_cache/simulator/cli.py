@@ -277,6 +277,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             "memory; --policy oracle asks for it)"
         )
     _, default_size = limits.encoder_budget(workload.max_embeds_per_item())
+    if host_tiers is not None:
+        item = max(workload.max_embeds_per_item().values())
+        if min(host_tiers[0]) // bytes_per_embed < item:
+            raise UsageError(
+                f"--host-cache-gib {min(args.host_cache_gib):g}: holds {min(host_tiers[0]) // bytes_per_embed:,} "
+                f"embeddings, fewer than the largest item's {item:,} (vLLM's host region refuses such an item)"
+            )
     report = Report(
         description,
         limits,

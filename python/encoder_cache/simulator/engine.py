@@ -550,6 +550,11 @@ def simulate(
         host = HostTierModel(variant.host)
     if host is not None and variant.policy == "oracle":
         raise ValueError("the oracle runs without a host tier")
+    if host is not None and host.tier.num_blocks < max(workload.max_embeds_per_item().values()):
+        raise ValueError(
+            f"a host tier of {host.tier.num_blocks:,} blocks cannot hold the largest item "
+            f"({max(workload.max_embeds_per_item().values()):,} embeddings): vLLM's host region refuses it"
+        )
     if variant.policy == "oracle":
         recorder = oracle.Recorder()
         simulate(workload, limits, Variant(), cache_size=size, cost=cost, observer=recorder)

@@ -222,8 +222,9 @@ def fill_host(
     if not sweep or report.unbounded is None:
         return
     section.search = []
+    largest_item = max(runner.workload.max_embeds_per_item().values())
     for size in HOST_SEARCH_BYTES:
-        if size < bpe:
+        if size // bpe < largest_item:
             continue
         jobs: list[Any] = [(_host_variant(size, p, bpe), None) for p in HOST_POLICIES]
         runner.grow(runner.new_runs(jobs))
