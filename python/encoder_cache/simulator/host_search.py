@@ -7,7 +7,8 @@ vLLM's default size) in front of a host tier, as stock vLLM with the
 for (``--host-cache-gib``, ``--host-policy``). The recommendation searches on
 its own, so it does not change with those flags: every host policy at
 ``HOST_SEARCH_BYTES``, from the smallest up, until a size comes within
-``WITHIN`` of an unbounded GPU encoder cache. With ``--cache-sizes`` the
+``WITHIN`` of an unbounded GPU encoder cache, then one size between the last
+too small and the first within reach (as the GPU search does). With ``--cache-sizes`` the
 table also puts the host tiers behind each of those GPU encoder-cache sizes.
 """
 
@@ -232,3 +233,14 @@ def fill_host(
         rec = section.recommendation(report)
         if rec is not None and rec["found"]:
             break
+    # One finer size between the last one too small and the first one within reach.
+    rec = section.recommendation(report)
+    known = sorted({r.variant.host.size_bytes for r in section.search})  # type: ignore[union-attr]
+    if rec is not None and rec["found"] and known.index(rec["host_cache_bytes"]) > 0:
+        below = known[known.index(rec["host_cache_bytes"]) - 1]
+        step = _GIB // 4
+        middle = round((below * rec["host_cache_bytes"]) ** 0.5 / step) * step
+        if below < middle < rec["host_cache_bytes"]:
+            jobs = [(_host_variant(middle, p, bpe), None) for p in HOST_POLICIES]
+            runner.grow(runner.new_runs(jobs))
+            section.search += runner.run(jobs)
