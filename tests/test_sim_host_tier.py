@@ -157,6 +157,18 @@ def test_cli_rejects_bad_host_tier_options(capsys, tmp_path, monkeypatch, argv, 
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_a_host_tier_is_refused_outside_the_built_in_model():
+    import argparse
+
+    from encoder_cache.simulator.cli import UsageError, _host_tiers
+
+    args = argparse.Namespace(host_cache_gib=[4.0], host_policy=None, behaviour=None, engine="vllm")
+    with pytest.raises(UsageError, match="--engine model"):
+        _host_tiers(args, BYTES_PER_EMBED, "test")
+    args.engine = "model"
+    assert _host_tiers(args, BYTES_PER_EMBED, "test") == ([4 << 30], list(HOST_POLICIES))
+
+
 def test_cli_without_a_host_tier_says_nothing_of_one(capsys):
     code, out, _ = _cli(capsys, "--policy", "vllm")
     assert code == 0

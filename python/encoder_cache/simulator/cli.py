@@ -155,6 +155,11 @@ def _host_tiers(args: argparse.Namespace, bytes_per_embed: int, basis: str) -> t
         return None
     if args.behaviour is not None:
         raise UsageError("--behaviour compares release behaviours without a host tier: drop --host-cache-gib")
+    if getattr(args, "engine", "model") != "model":
+        raise UsageError(
+            "--host-cache-gib runs in the built-in model (--engine model) only: the vLLM engine does not "
+            "drive vLLM's ECCPUConnector"
+        )
     policies = args.host_policy or list(HOST_POLICIES)
     unknown = [p for p in policies if p not in HOST_POLICIES]
     if unknown:
