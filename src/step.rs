@@ -215,6 +215,48 @@ pub trait StepCache {
     fn held_inputs(&self, request_id: KeyArg<'_>, num_items: usize) -> impl Iterator<Item = usize> + '_;
     /// Frees the request's `input_ids`: all of them, or none on an error.
     fn free_inputs<I: Items + ?Sized>(&mut self, request_id: KeyArg<'_>, items: &I, input_ids: &[usize]) -> Result<(), StepError>;
+
+    /// [`try_schedule`] on this cache.
+    fn schedule<I: Items + ?Sized, E: From<StepError>>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        args: StepArgs,
+        has_remote_item: &mut dyn FnMut(&Key) -> Result<bool, E>,
+    ) -> Result<Scheduled, E>
+    where
+        Self: Sized,
+    {
+        try_schedule(self, request_id, items, args, has_remote_item)
+    }
+
+    /// [`allocate_inputs`] on this cache.
+    fn allocate_all<I: Items + ?Sized>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        input_ids: &[usize],
+        repeated: &[usize],
+    ) -> Result<(), StepError>
+    where
+        Self: Sized,
+    {
+        allocate_inputs(self, request_id, items, input_ids, repeated)
+    }
+
+    /// [`free_inputs_before`] on this cache.
+    fn free_before<I: Items + ?Sized>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        position: i64,
+        decoder_started: bool,
+    ) -> Result<Vec<usize>, StepError>
+    where
+        Self: Sized,
+    {
+        free_inputs_before(self, request_id, items, position, decoder_started)
+    }
 }
 
 impl<P: EvictionPolicy> StepCache for PolicyCache<P> {
@@ -283,6 +325,36 @@ impl StepCache for EncoderCache {
             self.free_encoder_input(request_id, input_id);
         }
         Ok(())
+    }
+
+    fn schedule<I: Items + ?Sized, E: From<StepError>>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        args: StepArgs,
+        has_remote_item: &mut dyn FnMut(&Key) -> Result<bool, E>,
+    ) -> Result<Scheduled, E> {
+        crate::with_policy_cache!(self, c => try_schedule(c, request_id, items, args, has_remote_item))
+    }
+
+    fn allocate_all<I: Items + ?Sized>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        input_ids: &[usize],
+        repeated: &[usize],
+    ) -> Result<(), StepError> {
+        crate::with_policy_cache!(self, c => allocate_inputs(c, request_id, items, input_ids, repeated))
+    }
+
+    fn free_before<I: Items + ?Sized>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        position: i64,
+        decoder_started: bool,
+    ) -> Result<Vec<usize>, StepError> {
+        crate::with_policy_cache!(self, c => free_inputs_before(c, request_id, items, position, decoder_started))
     }
 }
 
