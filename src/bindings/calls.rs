@@ -180,12 +180,16 @@ impl<'py> CallReads<'py> {
 }
 
 /// After a call that may have cached the item or made the request hold it:
-/// the core's current handles for both.
+/// the core's current handles for both, where the record's are missing or stale.
 #[inline]
 fn note_handles(cache: &EncoderCache, record: &mut RequestRecord, input_id: usize) {
-    record.handle = cache.request_handle(record.id());
+    if !record.handle.is_some_and(|handle| cache.request_live(handle)) {
+        record.handle = cache.request_handle(record.id());
+    }
     if let Some(input) = record.inputs.get_mut(input_id) {
-        input.handle = input.key().and_then(|key| cache.item_handle(key));
+        if !input.handle.is_some_and(|handle| cache.item_live(handle)) {
+            input.handle = input.key().and_then(|key| cache.item_handle(key));
+        }
     }
 }
 

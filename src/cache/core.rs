@@ -161,6 +161,18 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         self.requests.find(&request_id.into()).map(|r| self.requests.handle(r))
     }
 
+    /// Whether `handle`, from [`Self::item_handle`], still names a cached item.
+    #[inline]
+    pub fn item_live(&self, handle: Handle) -> bool {
+        self.entries.is_live(handle)
+    }
+
+    /// Whether `handle`, from [`Self::request_handle`], still names a request holding inputs.
+    #[inline]
+    pub fn request_live(&self, handle: Handle) -> bool {
+        self.requests.is_live(handle)
+    }
+
     /// Resize to `cache_size` embeddings. Growing adds free slots; shrinking
     /// evicts unreferenced entries under the policy (into the freed list)
     /// until the cached entries fit. Refused, changing nothing, when the
@@ -322,7 +334,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
             return Ok(false);
         };
         let entry = self.entries.get(held);
-        let same = identifier.handle().is_some_and(|h| h == self.entries.handle(held))
+        let same = (identifier.handle() == Some(self.entries.handle(held)) && identifier.hash() == entry.hash)
             || (identifier.hash() == entry.hash && identifier.names(&entry.key));
         if same {
             return Ok(true);

@@ -141,6 +141,14 @@ impl EncoderCache {
         with_policy_cache!(self, c => c.request_handle(request_id))
     }
 
+    pub fn item_live(&self, handle: Handle) -> bool {
+        with_policy_cache!(self, c => c.item_live(handle))
+    }
+
+    pub fn request_live(&self, handle: Handle) -> bool {
+        with_policy_cache!(self, c => c.request_live(handle))
+    }
+
     pub fn resize(&mut self, cache_size: u64) -> Result<(), CacheError> {
         with_policy_cache!(self, c => c.resize(cache_size))
     }

@@ -82,15 +82,24 @@ pub(crate) trait HeapKey {
     fn heap_key(&self) -> (f64, u64);
 }
 
-fn before<M: HeapKey>(entries: &Table<Entry<M>>, a: u32, b: u32) -> bool {
-    let ((pa, sa), (pb, sb)) = (entries.get(a).meta.heap_key(), entries.get(b).meta.heap_key());
-    pa.total_cmp(&pb).then(sa.cmp(&sb)).is_lt()
+/// A heap place: the entry's key, kept beside its slot so that sifting reads no entry.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    priority: f64,
+    order: u64,
+    index: u32,
+}
+
+impl Place {
+    fn before(&self, other: &Place) -> bool {
+        self.priority.total_cmp(&other.priority).then(self.order.cmp(&other.order)).is_lt()
+    }
 }
 
 /// `N` binary min-heaps of entries; `links[0]` is an entry's position in its heap.
 #[derive(Debug, Clone)]
 pub(crate) struct HeapLanes<const N: usize> {
-    heaps: [Vec<u32>; N],
+    heaps: [Vec<Place>; N],
 }
 
 impl<const N: usize> Default for HeapLanes<N> {
@@ -101,16 +110,16 @@ impl<const N: usize> Default for HeapLanes<N> {
 
 impl<const N: usize> HeapLanes<N> {
     pub(crate) fn push<M: HeapKey>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, index: u32) {
-        let heap = &mut self.heaps[lane];
-        let position = heap.len();
-        heap.push(index);
         let entry = entries.get_mut(index);
+        let (priority, order) = entry.meta.heap_key();
         entry.lane = u8::try_from(lane).unwrap_or(NO_LANE);
-        entry.links = [u32::try_from(position).unwrap_or(NIL), NIL];
+        let heap = &mut self.heaps[lane];
+        heap.push(Place { priority, order, index });
+        let position = heap.len() - 1;
         self.sift_up(entries, lane, position);
     }
 
-    pub(crate) fn remove<M: HeapKey>(&mut self, entries: &mut Table<Entry<M>>, index: u32) {
+    pub(crate) fn remove<M>(&mut self, entries: &mut Table<Entry<M>>, index: u32) {
         let entry = entries.get_mut(index);
         let lane = usize::from(entry.lane);
         let position = entry.links[0] as usize;
@@ -120,70 +129,67 @@ impl<const N: usize> HeapLanes<N> {
         let last = heap.pop().expect("the entry is in this heap");
         if position < heap.len() {
             heap[position] = last;
-            entries.get_mut(last).links[0] = u32::try_from(position).unwrap_or(NIL);
-            self.sift_down(entries, lane, position);
+            let position = self.sift_down(entries, lane, position);
             self.sift_up(entries, lane, position);
         }
     }
 
     /// The first non-empty lane's lowest entry.
     pub(crate) fn first(&self) -> Option<u32> {
-        self.heaps.iter().find_map(|heap| heap.first().copied())
+        self.heaps.iter().find_map(|heap| heap.first().map(|place| place.index))
     }
 
     /// Every lane's entries, lane by lane, lowest first.
-    pub(crate) fn walk<M: HeapKey>(&self, entries: &Table<Entry<M>>) -> Vec<u32> {
+    pub(crate) fn walk<M>(&self, _entries: &Table<Entry<M>>) -> Vec<u32> {
         let mut out = Vec::new();
         for heap in &self.heaps {
             let mut sorted = heap.clone();
-            sorted.sort_by(|&a, &b| {
-                let ((pa, sa), (pb, sb)) = (entries.get(a).meta.heap_key(), entries.get(b).meta.heap_key());
-                pa.total_cmp(&pb).then(sa.cmp(&sb))
-            });
-            out.extend(sorted);
+            sorted.sort_by(|a, b| a.priority.total_cmp(&b.priority).then(a.order.cmp(&b.order)));
+            out.extend(sorted.into_iter().map(|place| place.index));
         }
         out
     }
 
-    fn set<M>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, position: usize, index: u32) {
-        self.heaps[lane][position] = index;
-        entries.get_mut(index).links[0] = u32::try_from(position).unwrap_or(NIL);
+    fn settle<M>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, position: usize, place: Place) {
+        self.heaps[lane][position] = place;
+        entries.get_mut(place.index).links[0] = u32::try_from(position).unwrap_or(NIL);
     }
 
-    fn sift_up<M: HeapKey>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, mut position: usize) {
-        let index = self.heaps[lane][position];
+    /// Moves the place at `position` up to where it belongs; its final position.
+    fn sift_up<M>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, mut position: usize) -> usize {
+        let place = self.heaps[lane][position];
         while position > 0 {
             let parent = (position - 1) / 2;
             let above = self.heaps[lane][parent];
-            if !before(entries, index, above) {
+            if !place.before(&above) {
                 break;
             }
-            self.set(entries, lane, position, above);
+            self.settle(entries, lane, position, above);
             position = parent;
         }
-        self.set(entries, lane, position, index);
+        self.settle(entries, lane, position, place);
+        position
     }
 
-    fn sift_down<M: HeapKey>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, mut position: usize) {
+    /// Moves the place at `position` down to where it belongs; its final position.
+    fn sift_down<M>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, mut position: usize) -> usize {
         let len = self.heaps[lane].len();
-        let index = self.heaps[lane][position];
+        let place = self.heaps[lane][position];
         loop {
             let left = 2 * position + 1;
             if left >= len {
                 break;
             }
-            let right = left + 1;
-            let mut child = left;
-            if right < len && before(entries, self.heaps[lane][right], self.heaps[lane][left]) {
-                child = right;
-            }
-            let below = self.heaps[lane][child];
-            if !before(entries, below, index) {
+            let heap = &self.heaps[lane];
+            let child = if left + 1 < len && heap[left + 1].before(&heap[left]) { left + 1 } else { left };
+            let below = heap[child];
+            if !below.before(&place) {
                 break;
             }
-            self.set(entries, lane, position, below);
+            self.settle(entries, lane, position, below);
             position = child;
         }
-        self.set(entries, lane, position, index);
+        self.settle(entries, lane, position, place);
+        position
     }
 }
