@@ -118,7 +118,17 @@ def counts(impl: str, cases: list[str], marks_path: str, out_dir: str) -> dict[s
     """Instructions per case for ``impl``, loop included."""
     out = os.path.join(out_dir, f"{impl}.out")
     subprocess.run(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__, "--child", impl, marks_path, *cases],
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            __file__,
+            "--child",
+            impl,
+            marks_path,
+            *cases,
+        ],
         capture_output=True,
         check=True,
         # A fixed hash seed: string hashing decides dict layouts, and so a few hundred instructions per item.

@@ -6,7 +6,7 @@ snapshot on every access: changing it does not change the manager.
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, final
 
 from typing_extensions import Self, disjoint_base
 
@@ -35,7 +35,7 @@ _OnMismatch = Callable[[Any, int, str, int, int], object]
 #: The eviction policies' names, the default first.
 POLICIES: tuple[str, ...]
 
-__all__ = ["POLICIES", "EncoderCacheManager", "EncoderDecoderCacheManager"]
+__all__ = ["POLICIES", "EncoderCacheManager", "EncoderDecoderCacheManager", "_CallFloor", "_panic_for_test"]
 
 @disjoint_base
 class EncoderCacheManager:
@@ -338,5 +338,25 @@ class EncoderDecoderCacheManager:
     def to_free(self) -> list[str]:
         """A snapshot: identifiers the next `get_freed_mm_hashes()` returns."""
 
-# Builds with the cargo feature `test-hooks` (`make build`) also have the private
-# `_panic_for_test()` and `_CallFloor`, for tests and benchmarks; the release wheel does not.
+# The test hooks below exist only in builds with the cargo feature `test-hooks`
+# (`make build`); the release wheel has neither.
+
+def _panic_for_test() -> None:
+    """Private test hook: panics in Rust, surfacing as pyo3's PanicException."""
+
+@final
+class _CallFloor:
+    """Private benchmark aid: the manager's per-call methods, changing nothing.
+    With ``reads=True`` each reads from the request what vLLM's manager reads
+    on every call."""
+
+    def __new__(cls, *, reads: bool = False) -> Self: ...
+    def check_and_update_cache(self, request: _Request, input_id: int) -> bool: ...
+    def can_allocate(
+        self, request: _Request, input_id: int, encoder_compute_budget: int, num_embeds_to_schedule: int
+    ) -> bool: ...
+    def get_cached_num_encoder_embeds(self, request: _Request, input_id: int) -> None: ...
+    def get_cached_input_ids(self, request: _Request) -> None: ...
+    def allocate(self, request: _Request, input_id: int) -> None: ...
+    def free_encoder_input(self, request: _Request, input_id: int) -> None: ...
+    def free(self, request: _Request) -> None: ...
