@@ -182,8 +182,11 @@ class _Run:
 
     # The loop
 
-    def run(self) -> None:
-        while True:
+    def run(self, until: int | None = None) -> None:
+        """Run the workload to its end; or, for a driver that feeds ``arrivals``
+        itself (a router), run up to step ``until`` and return: the driver's
+        ``arrivals.next_event()`` then gives ``until`` while nothing else is due."""
+        while until is None or self.clock < until:
             self._read_arrivals()
             if not self.running and not self.waiting:
                 when = self.arrivals.next_event()
@@ -216,10 +219,18 @@ class _Run:
                 checks.cache(self.manager, self.counters.steps, self.pool, active, (r.blocks for r in self.running))
             if self.progress is not None and self.counters.steps % 64 == 0:
                 self.progress(self.counters.requests)
+        else:
+            return  # paused at ``until``
         if self.check:
             checks.released(self.manager, self.pool)
         if self.progress is not None:
             self.progress(self.counters.requests)
+
+    def earliest_finish(self) -> int | None:
+        """The earliest step at which a request in flight can finish (a step
+        decodes at most one token of each request), or None when none is in flight."""
+        left = [live.spec.output_tokens - live.num_output for live in (*self.running, *self.waiting)]
+        return self.clock + max(min(left) - 1, 0) if left else None
 
     # Decode-only stretches: every running request decodes one token a step,
     # nothing arrives, finishes or needs the encoder, so k steps are taken at
@@ -532,6 +543,24 @@ def simulate(
     wall = perf_counter() - start
     stats = manager.stats() if hasattr(manager, "stats") else None
     return RunResult(variant, compute_budget, size, run.counters, run.bookkeeping, wall, stats)
+
+
+def steppable(
+    arrivals: Any,
+    limits: SchedulerLimits,
+    manager: Any,
+    encoder_compute_budget: int,
+    cost: EncoderCost,
+    *,
+    lookahead: bool = False,
+    check: bool = False,
+) -> _Run:
+    """A run that a driver feeds and advances: ``arrivals`` has ``Arrivals``'
+    interface (``due``, ``next_event``, ``finished``, ``in_flight``) and the
+    driver calls ``run(until)`` step window by step window (see ``routing``)."""
+    run = _Run(iter(()), limits, manager, encoder_compute_budget, cost, lookahead, None, check, None)
+    run.arrivals = arrivals
+    return run
 
 
 def _checked(specs: Iterator[RequestSpec], blocks: int, limits: SchedulerLimits) -> Iterator[RequestSpec]:
