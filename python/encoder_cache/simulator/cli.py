@@ -217,7 +217,9 @@ def _run_routing(
         raise UsageError(flagged(str(exc))) from None
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> Report | RoutingReport | None:
+def run(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> Report | RoutingReport | None:
     """Run what ``args`` describe; the report goes to ``out`` (stdout), the
     progress bar to ``err`` (stderr) when it is a terminal."""
     out = sys.stdout if out is None else out

@@ -40,7 +40,7 @@ from encoder_cache.simulator.routers import Router, make_router, request_items
 from encoder_cache.simulator.spec import RequestSpec
 from encoder_cache.simulator.variants import Variant, available_policies
 
-__all__ = ["ReplicaResult", "RoutingResult", "simulate_routing"]
+__all__ = ["Cluster", "ReplicaResult", "RoutingResult", "evented_manager", "simulate_routing"]
 
 
 @dataclass
@@ -145,7 +145,7 @@ def evented_manager(variant: Variant, cache_size: int, feed: Any) -> Any:
 class _Inbox:
     """A replica's arrivals: what the router placed there, released at the window's start."""
 
-    def __init__(self, cluster: _Cluster, replica: int) -> None:
+    def __init__(self, cluster: Cluster, replica: int) -> None:
         self.cluster = cluster
         self.replica = replica
         self.pending: list[RequestSpec] = []
@@ -165,7 +165,10 @@ class _Inbox:
         self.cluster.finished(self.replica, spec, clock)
 
 
-class _Cluster:
+class Cluster:
+    """The replicas, their shared arrivals and the router; ``run()`` replays the
+    workload once (``simulate_routing`` builds and runs one)."""
+
     def __init__(
         self,
         workload: Any,
@@ -315,7 +318,7 @@ def simulate_routing(
 
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
-    cluster = _Cluster(
+    cluster = Cluster(
         workload,
         limits,
         variant,
