@@ -498,10 +498,10 @@ def test_check_invariants_names_a_broken_policy_rule():
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("kind", ["chat", "popular", "mix"])
 def test_simulated_workloads_keep_every_invariant(policy, kind, monkeypatch):
-    from encoder_cache.simulator import scheduler
+    from encoder_cache.simulator import SchedulerLimits, simulate, variants
     from encoder_cache.simulator.workloads import WorkloadConfig, generate
 
-    monkeypatch.setitem(scheduler.MANAGERS, ("python", policy), partial(reference.EncoderCacheManager, policy=policy))
+    monkeypatch.setitem(variants.MANAGERS, ("python", policy), partial(reference.EncoderCacheManager, policy=policy))
     workload = generate(WorkloadConfig(kind=kind, requests=60, seed=3))
-    result = scheduler.simulate(workload, scheduler.SchedulerLimits(), "python", policy, check=True)
+    result = simulate(workload, SchedulerLimits(), "python", policy, check=True)
     assert result.counters.requests == 60

@@ -21,8 +21,9 @@ from encoder_cache.simulator import (
     simulate,
 )
 from encoder_cache.simulator import oracle as oracle_module
-from encoder_cache.simulator import scheduler as scheduler_module
-from encoder_cache.simulator.scheduler import shared_prefix, supports_lookahead
+from encoder_cache.simulator import variants as variants_module
+from encoder_cache.simulator.engine import shared_prefix
+from encoder_cache.simulator.variants import supports_lookahead
 from encoder_cache.simulator.workloads import Item, RequestSpec
 
 SMALL = {
@@ -270,7 +271,7 @@ class _LyingManager(reference.EncoderCacheManager):
     [(_LeakyManager, "still hold entries"), (_LyingManager, "neither encoded nor in the cache")],
 )
 def test_checks_catch_a_broken_manager(monkeypatch, manager, message):
-    monkeypatch.setitem(scheduler_module.MANAGERS, ("python", "broken"), manager)
+    monkeypatch.setitem(variants_module.MANAGERS, ("python", "broken"), manager)
     with pytest.raises(SimulationError, match=message):
         simulate(generate(SMALL["popular"]), LIMITS, "python", "broken", check=True)
 

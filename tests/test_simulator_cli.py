@@ -12,7 +12,7 @@ import pytest
 
 from encoder_cache.__main__ import main
 from encoder_cache.simulator import available_policies
-from encoder_cache.simulator.cli import Progress
+from encoder_cache.simulator.progress import Progress
 
 FAST = ["--requests", "30", "--no-progress", "--jobs", "1"]
 POLICIES = available_policies("python")
@@ -284,7 +284,7 @@ def test_end_to_end_command(tmp_path):
 
 
 def test_cache_sizes_lists_and_ranges():
-    from encoder_cache.simulator.cli import _sizes
+    from encoder_cache.simulator.options import _sizes
 
     assert _sizes("8192,2048,8192") == [2048, 8192]
     assert _sizes("2048:131072:4") == [2048, 8192, 32768, 131072]

@@ -1,22 +1,34 @@
 """Replay multimodal serving traffic (generated, or an operator's trace)
 through a vLLM-like scheduler to compare encoder-cache policies and sizes:
 encoder work, its GPU time, and the bookkeeping's CPU time.
-``python -m encoder_cache simulate`` runs it; docs/simulator.md explains it."""
+``python -m encoder_cache simulate`` runs it; docs/simulator.md explains it.
 
+The modules, each one thing:
+
+- ``workloads``: the built-in traffic generators and the request description
+  (``RequestSpec``); ``trace``: an operator's traffic as JSON lines.
+- ``arrivals``: when each request reaches the waiting queue (open loop, or a
+  session turn after its think time); any engine can drive it.
+- ``variants``: the manager configurations compared (policy, lookahead,
+  implementation, behaviour) and the factory of their managers.
+- ``limits``: the scheduler's limits and the encoder budget vLLM derives.
+- ``engine``: the built-in model of vLLM's scheduler, the run loop
+  (``simulate``); ``prefix_cache``: its KV block pool; ``checks``: the
+  invariants ``check=True`` verifies; ``oracle``: Belady's rule.
+- ``results``: what a run reports (``Counters``, ``RunResult``), whichever
+  engine ran it; ``cost``: the encoder time model.
+- ``report``: tables, recommendation, JSON and plot from the runs;
+  ``sweep``: which runs an invocation makes, through any engine.
+- ``options``, ``progress``, ``cli``: the command line.
+"""
+
+from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
-from encoder_cache.simulator.scheduler import (
-    BEHAVIOURS,
-    IMPLEMENTATIONS,
-    UNBOUNDED,
-    Counters,
-    RunResult,
-    SchedulerLimits,
-    SimulationError,
-    Variant,
-    available_policies,
-    simulate,
-)
+from encoder_cache.simulator.engine import simulate
+from encoder_cache.simulator.limits import SchedulerLimits
+from encoder_cache.simulator.results import Counters, RunResult, SimulationError
 from encoder_cache.simulator.trace import TraceError, TraceWorkload, write_trace
+from encoder_cache.simulator.variants import BEHAVIOURS, IMPLEMENTATIONS, UNBOUNDED, Variant, available_policies
 from encoder_cache.simulator.workloads import KINDS, Workload, WorkloadConfig, generate
 
 __all__ = [
@@ -24,6 +36,7 @@ __all__ = [
     "IMPLEMENTATIONS",
     "KINDS",
     "UNBOUNDED",
+    "Arrivals",
     "Counters",
     "EncoderCost",
     "RunResult",

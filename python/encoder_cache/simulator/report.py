@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from encoder_cache.simulator.cost import EncoderCost
-from encoder_cache.simulator.scheduler import RunResult, SchedulerLimits
+from encoder_cache.simulator.limits import SchedulerLimits
+from encoder_cache.simulator.results import RunResult
 
 __all__ = ["Report", "format_bytes", "plot"]
 

@@ -22,212 +22,29 @@ waiting request needs last.
 
 The scheduler counts what the encoder computes, its cost in encoder seconds,
 and times every manager call; ``check=True`` also verifies the cache's
-accounting after every step.
+accounting after every step. Arrivals come from ``arrivals.py``, the manager
+from ``variants.py``; the result is a ``results.RunResult``.
 """
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from time import perf_counter
 from typing import Any
 
-import encoder_cache
-from encoder_cache import _core, reference
-from encoder_cache.budget import SchedulerConfig, compute_mm_encoder_budget
 from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
-from encoder_cache.simulator import oracle
+from encoder_cache.simulator import checks, oracle
+from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
+from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE, BlockHasher, BlockPool
-from encoder_cache.simulator.workloads import RequestSpec, option
+from encoder_cache.simulator.results import Counters, RunResult, SimulationError
+from encoder_cache.simulator.variants import Variant
+from encoder_cache.simulator.workloads import RequestSpec
 
-__all__ = [
-    "BEHAVIOURS",
-    "IMPLEMENTATIONS",
-    "UNBOUNDED",
-    "Counters",
-    "RunResult",
-    "SchedulerLimits",
-    "SimulationError",
-    "Variant",
-    "available_policies",
-    "simulate",
-    "supports_lookahead",
-]
-
-IMPLEMENTATIONS = ("rust", "python")
-#: fixed: vLLM 0.33 (PR #54284's fix, O(1) occurrence counts); prefix: before
-#: the fix; scan: the fix as the PR first wrote it (scans on every free).
-BEHAVIOURS = ("fixed", "prefix", "scan")
-#: Managers other than the policies, by (implementation, behaviour): the
-#: seed-bug comparison's, and any a test registers (a factory of cache_size).
-MANAGERS: dict[tuple[str, str], Callable[[int], Any]] = {
-    ("python", "prefix"): reference.PreFixEncoderCacheManager,
-    ("python", "scan"): reference.AnyScanEncoderCacheManager,
-}
-#: A cache size no workload fills: every item is encoded once, then kept.
-UNBOUNDED = 1 << 40
-
-
-def available_policies(implementation: str = "rust") -> tuple[str, ...]:
-    """The eviction policies the implementation offers (``("vllm",)`` when it has no choice)."""
-    module = encoder_cache if implementation == "rust" else reference
-    policies = getattr(module, "POLICIES", None)
-    if policies is None and implementation == "rust":
-        policies = getattr(_core, "POLICIES", None)
-    return tuple(policies) if policies else ("vllm",)
-
-
-def supports_lookahead(implementation: str = "rust") -> bool:
-    cls = _core.EncoderCacheManager if implementation == "rust" else reference.EncoderCacheManager
-    return hasattr(cls, "mark_waiting") and hasattr(cls, "unmark_waiting")
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One manager configuration: an eviction policy (or ``oracle``), lookahead
-    marks or not, the implementation, and the release behaviour."""
-
-    policy: str = "vllm"
-    lookahead: bool = False
-    implementation: str = "rust"
-    behaviour: str = "fixed"
-    #: The name to show, when the policy alone does not tell variants apart.
-    label: str | None = None
-
-    @property
-    def name(self) -> str:
-        if self.label is not None:
-            return self.label
-        return self.policy + ("+lookahead" if self.lookahead else "")
-
-    def manager(self, cache_size: int, future: Any = None) -> Any:
-        if self.behaviour != "fixed":
-            factory = MANAGERS.get((self.implementation, self.behaviour))
-            if factory is None or self.policy != "vllm" or self.lookahead:
-                raise ValueError(f"the {self.behaviour} behaviour exists only in python with the vllm policy")
-            return factory(cache_size)
-        if self.policy == "oracle":
-            if not oracle.AVAILABLE:
-                raise ValueError("the oracle needs a manager with pluggable policies (encoder_cache.policies)")
-            return reference.EncoderCacheManager(cache_size, policy=oracle.OraclePolicy(future))
-        cls = _core.EncoderCacheManager if self.implementation == "rust" else reference.EncoderCacheManager
-        if self.lookahead and not supports_lookahead(self.implementation):
-            raise ValueError(f"the {self.implementation} manager has no mark_waiting/unmark_waiting")
-        offered = available_policies(self.implementation)
-        if self.policy not in offered:
-            raise ValueError(f"no policy {self.policy!r} in the {self.implementation} manager; it offers {offered}")
-        if offered == ("vllm",):
-            return cls(cache_size)
-        return cls(cache_size, policy=self.policy)
-
-
-class SimulationError(RuntimeError):
-    """The scheduler stalled, or a checked invariant of the cache broke."""
-
-
-@dataclass(frozen=True)
-class SchedulerLimits:
-    """The scheduler's limits; the encoder ones default to ``max_num_batched_tokens``, as in vLLM."""
-
-    # Defaults: vLLM's for `vllm serve` on an H100-class GPU.
-    max_num_batched_tokens: int = option(8192, "token budget of one step", "N")
-    max_num_seqs: int = option(256, "most requests running at once", "N")
-    max_num_encoder_input_tokens: int | None = option(
-        None, "encoder compute budget per step, in embeddings (default: the token budget)", "N"
-    )
-    encoder_cache_size: int | None = option(None, "encoder cache size, in embeddings (default: the token budget)", "N")
-    kv_capacity: int = option(
-        262144, "KV-cache capacity in tokens (16-token blocks); when full the newest request is preempted", "N"
-    )
-    prefix_caching: bool = field(default=True, metadata={"cli": False})
-
-    def __post_init__(self) -> None:
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if name != "prefix_caching" and value is not None and value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
-        if self.kv_capacity < BLOCK_SIZE:
-            raise ValueError(f"kv_capacity must be at least one block ({BLOCK_SIZE} tokens), got {self.kv_capacity}")
-
-    def encoder_budget(self, max_embeds_per_item: dict[str, int]) -> tuple[int, int]:
-        """``(encoder_compute_budget, encoder_cache_size)`` as vLLM derives them."""
-        config = SchedulerConfig(
-            self.max_num_batched_tokens, self.max_num_encoder_input_tokens, self.encoder_cache_size
-        )
-        return compute_mm_encoder_budget(config, max_embeds_per_item)
-
-
-@dataclass
-class Counters:
-    """What the run did; deterministic for a given workload, limits and variant."""
-
-    requests: int = 0
-    steps: int = 0
-    preemptions: int = 0
-    #: Steps that began with requests in the waiting queue.
-    waiting_steps: int = 0
-    encoded_items: int = 0
-    encoded_embeds: int = 0
-    #: Encoder GPU time of the encoded items, under the cost model.
-    encoder_seconds: float = 0.0
-    #: Encoded again after an earlier encoding of the same identifier was evicted.
-    recomputed_items: int = 0
-    recomputed_embeds: int = 0
-    #: Part of the recomputed: items evicted while a request was still reading
-    #: them (partly computed), so encoded again for that same request.
-    evicted_in_use_embeds: int = 0
-    #: Items a request needed that came from the cache (or from an encoding of
-    #: the same identifier in the same step) instead of the encoder.
-    cache_hits: int = 0
-    hit_embeds: int = 0
-    evictions: int = 0
-    #: Items wholly inside a request's cached KV prefix: never looked up.
-    prefix_skipped_items: int = 0
-    prefix_skipped_embeds: int = 0
-    #: Tokens looked up in the prefix cache on admission, and those found.
-    prefix_query_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    #: Distinct identifiers the run saw, and their embeddings (what an
-    #: unbounded cache would encode, without prefix caching).
-    distinct_items: int = 0
-    distinct_embeds: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        served = self.cache_hits + self.encoded_items
-        return self.cache_hits / served if served else 0.0
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "hit_rate": self.hit_rate, "prefix_hit_rate": self.prefix_hit_rate}
-
-
-@dataclass
-class RunResult:
-    variant: Variant
-    encoder_compute_budget: int
-    encoder_cache_size: int
-    counters: Counters
-    #: Wall time inside the manager's methods, summed over the run.
-    bookkeeping_seconds: float
-    wall_seconds: float
-    #: The manager's own ``stats()`` at the end, where it has them.
-    manager_stats: dict[str, Any] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.variant.name
-
-    @property
-    def bookkeeping_us_per_step(self) -> float:
-        return 1e6 * self.bookkeeping_seconds / max(self.counters.steps, 1)
+__all__ = ["shared_prefix", "simulate"]
 
 
 class _Live:
@@ -291,18 +108,6 @@ def shared_prefix(previous: RequestSpec, spec: RequestSpec) -> int:
         j += 1
 
 
-class _Session:
-    """A session's last arrived request (its prompt is the next turn's prefix)
-    and its last read one (the next turn waits for it to finish)."""
-
-    __slots__ = ("last", "tail", "tail_finished")
-
-    def __init__(self) -> None:
-        self.last: _Live | None = None
-        self.tail: str | None = None
-        self.tail_finished: int | None = None
-
-
 def _blocks_for(tokens: int) -> int:
     return -(-tokens // BLOCK_SIZE)
 
@@ -334,61 +139,31 @@ class _Run:
         self.pool = BlockPool(limits.kv_capacity // BLOCK_SIZE, limits.prefix_caching)
         self.running: list[_Live] = []
         self.waiting: deque[_Live] = deque()
-        self.specs = specs
-        self.next_spec: RequestSpec | None = next(specs, None)
-        self.delayed: list[tuple[int, int, RequestSpec]] = []
-        self.pushed = 0
-        self.in_flight = 0  # read, not yet finished
-        self.sessions: dict[str, _Session] = {}
-        self.waiters: dict[str, RequestSpec] = {}  # request id -> the next turn waiting for it to finish
+        self.arrivals = Arrivals(specs)
+        #: Each session's last arrived request: its prompt is the next turn's prefix.
+        self.last_turn: dict[str, _Live] = {}
         self.encoded_ids: set[str] = set()
         self.seen_ids: set[str] = set()
 
     # Arrivals
 
     def _read_arrivals(self) -> None:
-        while self.next_spec is not None and self.next_spec.arrival <= self.clock:
-            spec = self.next_spec
-            self.next_spec = next(self.specs, None)
-            self.in_flight += 1
-            if spec.session is None:
-                self._arrive(spec)
-                continue
-            session = self.sessions.get(spec.session)
-            if session is None:
-                session = self.sessions[spec.session] = _Session()
-            tail, tail_finished = session.tail, session.tail_finished
-            session.tail, session.tail_finished = spec.request_id, None
-            if spec.think is not None and tail is not None:
-                if tail_finished is None:  # the previous turn has not finished: wait for it
-                    self.waiters[tail] = spec
-                    continue
-                when = max(spec.arrival, tail_finished + 1 + spec.think)
-                if when > self.clock:
-                    self._delay(when, spec)
-                    continue
+        for spec in self.arrivals.due(self.clock):
             self._arrive(spec)
-        while self.delayed and self.delayed[0][0] <= self.clock:
-            self._arrive(heapq.heappop(self.delayed)[2])
-
-    def _delay(self, when: int, spec: RequestSpec) -> None:
-        heapq.heappush(self.delayed, (when, self.pushed, spec))
-        self.pushed += 1
 
     def _arrive(self, spec: RequestSpec) -> None:
         """``spec`` enters the waiting queue; a session turn inherits its prefix's token identity."""
         origins = [(0, spec.total_tokens, spec.request_id)]
         live = None
         if spec.session is not None:
-            session = self.sessions[spec.session]
-            previous = session.last
+            previous = self.last_turn.get(spec.session)
             shared = 0
             if previous is not None:
                 shared = shared_prefix(previous.spec, spec)
                 if shared:
                     origins = [(s, min(e, shared), k) for s, e, k in previous.origins if s < shared]
                     origins.append((shared, spec.total_tokens, spec.request_id))
-            live = session.last = _Live(spec, origins)
+            live = self.last_turn[spec.session] = _Live(spec, origins)
             if shared:
                 # Full blocks inside the shared prefix hash as the previous turn's did.
                 live.hasher.hashes = previous.hasher.hashes[: shared // BLOCK_SIZE]  # type: ignore[union-attr]
@@ -414,24 +189,18 @@ class _Run:
             self.manager.unmark_waiting(live.request)
             self.bookkeeping += perf_counter() - start
 
-    def _next_event(self) -> int | None:
-        times = []
-        if self.next_spec is not None:
-            times.append(self.next_spec.arrival)
-        if self.delayed:
-            times.append(self.delayed[0][0])
-        return min(times) if times else None
-
     # The loop
 
     def run(self) -> None:
         while True:
             self._read_arrivals()
             if not self.running and not self.waiting:
-                when = self._next_event()
+                when = self.arrivals.next_event()
                 if when is None:
-                    if self.in_flight:
-                        raise SimulationError(f"{self.in_flight} requests wait for session turns that never finish")
+                    if self.arrivals.in_flight:
+                        raise SimulationError(
+                            f"{self.arrivals.in_flight} requests wait for session turns that never finish"
+                        )
                     break
                 self.clock = max(when, self.clock + 1)  # idle: jump to the next arrival
                 continue
@@ -452,11 +221,12 @@ class _Run:
             self.clock += 1
             self.counters.steps += 1
             if self.check:
-                self._check_cache()
+                active = {live.spec.request_id for live in (*self.running, *self.waiting)}
+                checks.cache(self.manager, self.counters.steps, self.pool, active, (r.blocks for r in self.running))
             if self.progress is not None and self.counters.steps % 64 == 0:
                 self.progress(self.counters.requests)
         if self.check:
-            self._check_released()
+            checks.released(self.manager, self.pool)
         if self.progress is not None:
             self.progress(self.counters.requests)
 
@@ -476,7 +246,7 @@ class _Run:
             left = live.spec.output_tokens - live.num_output - 1  # the finishing step runs normally
             if steps is None or left < steps:
                 steps = left
-        when = self._next_event()
+        when = self.arrivals.next_event()
         if steps is None or (when is not None and when - self.clock < steps):
             steps = 0 if steps is None else when - self.clock  # type: ignore[operator]
         if steps < 2:
@@ -653,7 +423,7 @@ class _Run:
                 if observer is not None:
                     observer.served(live.spec.request_id, i, items[i].identifier, step)
         if self.check:
-            self._check_window(live, first, last, to_encode)
+            checks.window(self.manager, live.request, first, last, to_encode)
 
     def _key_full_blocks(self, live: _Live) -> None:
         """Key the request's newly full computed blocks in the prefix cache."""
@@ -713,60 +483,11 @@ class _Run:
         self.pool.release(live.blocks)
         live.blocks = []
         live.finished = self.clock
-        self.in_flight -= 1
         self.counters.requests += 1
         if self.check and not all(live.served):
             missing = [i for i, served in enumerate(live.served) if not served]
             raise SimulationError(f"{live.spec.request_id} finished without items {missing} encoded or cached")
-        spec = live.spec
-        if spec.session is not None:
-            session = self.sessions[spec.session]
-            if session.tail == spec.request_id:
-                session.tail_finished = self.clock
-            waiter = self.waiters.pop(spec.request_id, None)
-            if waiter is not None:
-                self._delay(max(waiter.arrival, self.clock + 1 + (waiter.think or 0)), waiter)
-
-    # Invariants (check=True): slow, they snapshot the manager's state.
-
-    def _check_window(self, live: _Live, first: int, last: int, to_encode: list[int]) -> None:
-        request = live.request
-        if any(not first <= i < last for i in to_encode):
-            raise SimulationError(f"{request.request_id}: items {to_encode} to encode lie outside the step")
-        for i in range(first, last):
-            if self.manager.get_cached_num_encoder_embeds(request, i) != request.get_num_encoder_embeds(i):
-                raise SimulationError(
-                    f"{request.request_id}: item {i} is scheduled but neither encoded nor in the cache"
-                )
-
-    def _check_cache(self) -> None:
-        m = self.manager
-        step = self.counters.steps
-        try:
-            if not isinstance(getattr(m, "_policy", None), oracle.OraclePolicy):  # the twin checks built-ins only
-                m.check_invariants()
-        except Exception as exc:
-            raise SimulationError(f"step {step}: {exc}") from None
-        snapshot = m.snapshot()
-        entries = snapshot["entries"]
-        if m.num_free_slots + sum(e["num_embeds"] for e in entries.values()) != m.cache_size:
-            raise SimulationError(f"step {step}: cached entries and free slots do not add up to the cache size")
-        active = {live.spec.request_id for live in (*self.running, *self.waiting)}
-        holders = {r for e in entries.values() for r in e["referrers"]}
-        if not holders <= active:
-            raise SimulationError(f"step {step}: finished requests {sorted(holders - active)} still hold entries")
-        pool = self.pool
-        held = sum(len(live.blocks) for live in self.running)
-        if pool.num_free + len({b for live in self.running for b in live.blocks}) != pool.num_blocks or held < 0:
-            raise SimulationError(f"step {step}: KV blocks held and free do not add up")
-
-    def _check_released(self) -> None:
-        m = self.manager
-        snapshot = m.snapshot()
-        if any(e["referrers"] for e in snapshot["entries"].values()) or m.num_freeable_slots != m.cache_size:
-            raise SimulationError("references are left after every request finished")
-        if self.pool.num_free != self.pool.num_blocks:
-            raise SimulationError("KV blocks are left after every request finished")
+        self.arrivals.finished(live.spec, self.clock)
 
 
 def simulate(
