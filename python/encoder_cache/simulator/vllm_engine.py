@@ -32,7 +32,6 @@ results compare field by field.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 import tempfile
 from bisect import bisect_left, bisect_right
@@ -47,14 +46,11 @@ import numpy as np
 
 from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE
-from encoder_cache.simulator.scheduler import (
-    Counters,
-    RunResult,
-    SchedulerLimits,
-    SimulationError,
-    Variant,
-    shared_prefix,
-)
+from encoder_cache.simulator.arrivals import Arrivals
+from encoder_cache.simulator.engine import shared_prefix
+from encoder_cache.simulator.limits import SchedulerLimits
+from encoder_cache.simulator.results import Counters, RunResult, SimulationError
+from encoder_cache.simulator.variants import Variant
 from encoder_cache.simulator.workloads import RequestSpec
 
 __all__ = ["INSTALL_HINT", "EngineUnavailable", "check_variant", "require", "simulate_vllm"]
@@ -127,68 +123,6 @@ def _prompt_ids(spec: RequestSpec, origins: list[tuple[int, int, str]], placehol
         token = placeholders.setdefault(item.modality, _PLACEHOLDER_BASE + len(placeholders))
         ids[item.offset : item.offset + item.length] = token
     return ids.tolist()
-
-
-class _Arrivals:
-    """Releases requests as the built-in model does: open-loop ones at their
-    step, a session turn with a think time ``think`` steps after its previous
-    turn finished (plus one), never before its own arrival."""
-
-    def __init__(self, specs: Any) -> None:
-        self.specs = specs
-        self.next_spec: RequestSpec | None = next(specs, None)
-        self.delayed: list[tuple[int, int, RequestSpec]] = []
-        self.pushed = 0
-        self.in_flight = 0
-        self.tails: dict[str, list[Any]] = {}  # session -> [request id, finished step or None]
-        self.waiters: dict[str, RequestSpec] = {}
-
-    def due(self, clock: int) -> list[RequestSpec]:
-        out: list[RequestSpec] = []
-        while self.next_spec is not None and self.next_spec.arrival <= clock:
-            spec = self.next_spec
-            self.next_spec = next(self.specs, None)
-            self.in_flight += 1
-            if spec.session is None:
-                out.append(spec)
-                continue
-            tail = self.tails.get(spec.session)
-            self.tails[spec.session] = [spec.request_id, None]
-            if spec.think is not None and tail is not None:
-                if tail[1] is None:
-                    self.waiters[tail[0]] = spec
-                    continue
-                when = max(spec.arrival, tail[1] + 1 + spec.think)
-                if when > clock:
-                    self._delay(when, spec)
-                    continue
-            out.append(spec)
-        while self.delayed and self.delayed[0][0] <= clock:
-            out.append(heapq.heappop(self.delayed)[2])
-        return out
-
-    def finished(self, spec: RequestSpec, clock: int) -> None:
-        self.in_flight -= 1
-        if spec.session is None:
-            return
-        tail = self.tails[spec.session]
-        if tail[0] == spec.request_id:
-            tail[1] = clock
-        waiter = self.waiters.pop(spec.request_id, None)
-        if waiter is not None:
-            self._delay(max(waiter.arrival, clock + 1 + (waiter.think or 0)), waiter)
-
-    def next_event(self) -> int | None:
-        times = []
-        if self.next_spec is not None:
-            times.append(self.next_spec.arrival)
-        if self.delayed:
-            times.append(self.delayed[0][0])
-        return min(times) if times else None
-
-    def _delay(self, when: int, spec: RequestSpec) -> None:
-        heapq.heappush(self.delayed, (when, self.pushed, spec))
-        self.pushed += 1
 
 
 # --- the scheduler, as `vllm serve` builds it, on CPU --------------------------------------
@@ -354,7 +288,7 @@ class _Replay:
         self.in_flight = in_flight
         self.progress = progress
         self.caching = scheduler.cache_config.enable_prefix_caching
-        self.arrivals = _Arrivals(workload.requests())
+        self.arrivals = Arrivals(workload.requests())
         self.placeholders: dict[str, int] = {}
         self.counters = Counters()
         self.clock = 0
