@@ -188,8 +188,6 @@ def _scheduler(
     cache_size: int,
     max_embeds: dict[str, int],
     max_model_len: int,
-    async_scheduling: bool,
-    reserve_full_isl: bool,
 ) -> Any:
     import torch
     from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
@@ -203,9 +201,9 @@ def _scheduler(
         max_num_batched_tokens=limits.max_num_batched_tokens,
         max_model_len=max_model_len,
         enable_chunked_prefill=True,
-        async_scheduling=async_scheduling,
-        scheduler_cls="encoder_cache.vllm." + ("AsyncScheduler" if async_scheduling else "Scheduler"),
-        scheduler_reserve_full_isl=reserve_full_isl,
+        async_scheduling=limits.async_scheduling,
+        scheduler_cls="encoder_cache.vllm." + ("AsyncScheduler" if limits.async_scheduling else "Scheduler"),
+        scheduler_reserve_full_isl=limits.reserve_full_isl,
         is_multimodal_model=True,
         is_encoder_decoder=False,
     )
@@ -275,6 +273,7 @@ class _Replay:
         cost: EncoderCost,
         in_flight: int,
         progress: Callable[[int], None] | None,
+        check: bool,
     ) -> None:
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
@@ -287,6 +286,7 @@ class _Replay:
         self.cost = cost
         self.in_flight = in_flight
         self.progress = progress
+        self.check = check
         self.caching = scheduler.cache_config.enable_prefix_caching
         self.arrivals = Arrivals(workload.requests())
         self.placeholders: dict[str, int] = {}
@@ -461,6 +461,11 @@ class _Replay:
                 self.scheduler_seconds += perf_counter() - start
                 self._finish(engine_outputs)
             self.clock += 1
+            if self.check:
+                try:
+                    scheduler.encoder_cache_manager.check_invariants()
+                except Exception as exc:
+                    raise SimulationError(f"step {c.steps}: {exc}") from None
             if self.progress is not None and c.steps % 64 == 0:
                 self.progress(c.requests)
         if self.progress is not None:
@@ -474,13 +479,14 @@ def simulate_vllm(
     *,
     cache_size: int | None = None,
     cost: EncoderCost | None = None,
-    async_scheduling: bool = False,
-    reserve_full_isl: bool = True,
+    check: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Replay ``workload`` through vLLM's scheduler with one manager variant;
     the result has the built-in model's counters. ``cache_size`` overrides the
-    encoder cache size vLLM would derive."""
+    encoder cache size vLLM would derive; ``limits`` also say whether
+    scheduling is async and admission reserves the whole prompt; ``check``
+    verifies the manager's invariants after every step."""
     require()
     variant = Variant() if variant is None else variant
     check_variant(variant)
@@ -498,11 +504,9 @@ def simulate_vllm(
             size,
             max_embeds,
             max_model_len,
-            async_scheduling,
-            reserve_full_isl,
         )
     manager = scheduler.encoder_cache_manager
-    replay = _Replay(workload, scheduler, cost, 2 if async_scheduling else 1, progress)
+    replay = _Replay(workload, scheduler, cost, 2 if limits.async_scheduling else 1, progress, check)
     start = perf_counter()
     replay.run()
     wall = perf_counter() - start
