@@ -56,8 +56,8 @@ from encoder_cache.simulator.workloads import RequestSpec
 __all__ = ["INSTALL_HINT", "EngineUnavailable", "check_variant", "require", "simulate_vllm"]
 
 INSTALL_HINT = (
-    "install vLLM 0.33 beside this package (pip install 'vllm==0.33.*'; CPU is enough: "
-    "no GPU and no model download are needed), see docs/vllm.md"
+    "pip install 'vllm==0.33.*' into this environment (CPU is enough: no GPU and no model download "
+    "are needed; docs/vllm.md shows a separate environment)"
 )
 
 #: Prompt text and answers draw token ids from [1, _TEXT_IDS]; placeholders sit above.
@@ -73,9 +73,19 @@ class EngineUnavailable(RuntimeError):
 def require() -> None:
     """Raise EngineUnavailable, saying what to install, unless vLLM 0.33 imports."""
     try:
+        import vllm  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "vllm":
+            raise EngineUnavailable(f"--engine vllm: vLLM is installed but fails to import: {exc}") from None
+        raise EngineUnavailable(
+            f"--engine vllm replays through vLLM 0.33's own scheduler, and vLLM is not installed here: {INSTALL_HINT}"
+        ) from None
+    except ImportError as exc:
+        raise EngineUnavailable(f"--engine vllm: vLLM is installed but fails to import: {exc}") from None
+    try:
         import encoder_cache.vllm  # noqa: F401  (checks vLLM's version)
     except ImportError as exc:
-        raise EngineUnavailable(f"--engine vllm replays through vLLM's own scheduler: {exc}; {INSTALL_HINT}") from None
+        raise EngineUnavailable(f"--engine vllm: {exc}") from None
 
 
 def check_variant(variant: Variant) -> None:
@@ -511,4 +521,6 @@ def simulate_vllm(
     replay.run()
     wall = perf_counter() - start
     stats = manager.stats() if hasattr(manager, "stats") else None
-    return RunResult(variant, compute_budget, manager.cache_size, replay.counters, replay.scheduler_seconds, wall, stats)
+    return RunResult(
+        variant, compute_budget, manager.cache_size, replay.counters, replay.scheduler_seconds, wall, stats
+    )
