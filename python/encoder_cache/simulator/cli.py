@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from encoder_cache.simulator import oracle
 from encoder_cache.simulator.cost import DEFAULT_PER_EMBED_SQ_US, DEFAULT_PER_EMBED_US, EncoderCost
+from encoder_cache.simulator.engine import simulate
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.options import (
     DEFAULT_SIZES,
@@ -32,7 +33,6 @@ from encoder_cache.simulator.options import (
 from encoder_cache.simulator.progress import Progress
 from encoder_cache.simulator.report import Report, plot
 from encoder_cache.simulator.results import SimulationError
-from encoder_cache.simulator.engine import simulate
 from encoder_cache.simulator.sweep import Engine, Runner, fill, planned_runs
 from encoder_cache.simulator.trace import TraceError, TraceWorkload, write_trace
 from encoder_cache.simulator.variants import (

@@ -44,11 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from encoder_cache.simulator.cost import EncoderCost
-from encoder_cache.simulator.prefix_cache import BLOCK_SIZE
 from encoder_cache.simulator.arrivals import Arrivals
+from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.engine import shared_prefix
 from encoder_cache.simulator.limits import SchedulerLimits
+from encoder_cache.simulator.prefix_cache import BLOCK_SIZE
 from encoder_cache.simulator.results import Counters, RunResult, SimulationError
 from encoder_cache.simulator.variants import Variant
 from encoder_cache.simulator.workloads import RequestSpec
