@@ -230,8 +230,8 @@ class _Run:
                     break
                 self.clock = max(when, self.clock + 1)  # idle: jump to the next arrival
                 continue
-            if self.depth == 1 and not self.waiting and not self.check:
-                steps = self._decode_only_steps()
+            if not self.waiting and not self.check:
+                steps = self._decode_only_steps(batches)
                 if steps:
                     self._fast_forward(steps)
                     continue
@@ -270,21 +270,32 @@ class _Run:
         if self.progress is not None and self.counters.steps % 64 == 0:
             self.progress(self.counters.requests)
 
-    # Decode-only stretches (synchronous scheduling): every running request
-    # decodes one token a step, nothing arrives, finishes or needs the
-    # encoder, so k steps are taken at once with the same outcome as taking
-    # them one by one (check=True takes them one by one, and the tests
-    # compare the two).
+    # Decode-only stretches: every running request decodes one token a step,
+    # nothing waits, arrives, finishes or needs the encoder, so k steps are
+    # taken at once with the same outcome as taking them one by one
+    # (check=True takes them one by one, and the tests compare the two). With
+    # async scheduling the stretch starts and ends with one step in flight:
+    # each request has one output placeholder, and its last scheduled token's
+    # block is keyed only once that token comes back.
 
-    def _decode_only_steps(self) -> int:
+    def _decode_only_steps(self, batches: deque[_Batch]) -> int:
         running = self.running
-        if len(running) > self.limits.max_num_batched_tokens:
+        if self.marked or len(running) > self.limits.max_num_batched_tokens:
             return 0
+        if self.depth > 1:
+            if len(batches) != 1 or len(batches[0].entries) != len(running):
+                return 0
+            if any(n != 1 or not samples or live.status != _RUNNING for live, n, samples in batches[0].entries):
+                return 0
+        elif batches:
+            return 0
+        lag = self.depth - 1  # tokens of each request in flight
+        margin = 1 + 2 * lag  # the last steps (and the async skip before them) run normally
         steps = None
         for live in running:
-            if live.num_tokens - live.request.num_computed_tokens != 1:
+            if live.num_tokens + lag - live.request.num_computed_tokens != 1 or live.placeholders != lag:
                 return 0
-            left = live.spec.output_tokens - live.num_output - 1  # the finishing step runs normally
+            left = live.spec.output_tokens - live.num_output - margin
             if steps is None or left < steps:
                 steps = left
         when = self.arrivals.next_event()
@@ -306,8 +317,8 @@ class _Run:
             request.num_computed_tokens = computed
             live.num_output += steps
             live.num_tokens += steps
-            # Each step keyed the blocks its token filled: up to the last one scheduled.
-            self._cache_blocks(live, computed)
+            # Each step keyed the blocks its tokens filled, up to the last token sampled.
+            self._cache_blocks(live, computed - live.in_flight)
         self.clock += steps
         before = self.counters.steps
         self.counters.steps += steps
