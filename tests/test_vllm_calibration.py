@@ -39,9 +39,9 @@ ROOMY = 262144
 
 
 def _tight(workload) -> int:
-    """A KV cache a little over one and a half of the largest request: requests queue and preempt."""
+    """A KV cache a quarter larger than the largest request: requests queue and preempt."""
     largest = max(spec.total_tokens for spec in workload.requests())
-    return (largest * 3 // 2 // BLOCK_SIZE + 2) * BLOCK_SIZE
+    return (largest * 5 // 4 // BLOCK_SIZE + 2) * BLOCK_SIZE
 
 
 def _compare(workload, limits, variant=None, cache_size=None):
