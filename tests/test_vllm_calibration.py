@@ -19,8 +19,14 @@ vllm = pytest.importorskip("vllm")
 if not vllm.__version__.startswith("0.33."):
     pytest.skip(f"needs vLLM 0.33.x, found {vllm.__version__}", allow_module_level=True)
 
-from encoder_cache.simulator import SchedulerLimits, TraceWorkload, Variant, WorkloadConfig, generate  # noqa: E402
-from encoder_cache.simulator import write_trace  # noqa: E402
+from encoder_cache.simulator import (  # noqa: E402
+    SchedulerLimits,
+    TraceWorkload,
+    Variant,
+    WorkloadConfig,
+    generate,
+    write_trace,
+)
 from encoder_cache.simulator.engine import simulate  # noqa: E402
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE  # noqa: E402
 from encoder_cache.simulator.vllm_engine import simulate_vllm  # noqa: E402
