@@ -52,6 +52,7 @@ class _Live:
 
     __slots__ = (
         "blocks",
+        "drained",
         "ends",
         "finished",
         "hasher",
@@ -85,6 +86,7 @@ class _Live:
         self.hasher = BlockHasher(origins, spec.items, BLOCK_SIZE)
         self.blocks: list[int] = []
         self.num_cached = 0  # leading blocks keyed in the prefix cache
+        self.drained = False  # every encoder input it could hold is freed (until a restart)
         self.finished: int | None = None  # the step it finished at
         self.status = _WAITING
         #: Async scheduling: tokens scheduled but not sampled yet (vLLM's
@@ -371,7 +373,8 @@ class _Run:
                 break
             if need > 0:
                 live.blocks += pool.allocate(need)
-            self._cache_blocks(live, computed + num_new)
+            if (computed + num_new) // BLOCK_SIZE > live.num_cached:
+                self._cache_blocks(live, computed + num_new)
             token_budget -= num_new
             if to_encode:
                 encoder_budget = budget_after
@@ -522,6 +525,7 @@ class _Run:
         self.pool.release(live.blocks)
         live.blocks = []
         live.num_cached = 0
+        live.drained = False
         live.request.num_computed_tokens = 0
         live.status = _PREEMPTED
         live.stale = live.in_flight  # its steps in flight deliver their tokens, then it may resume
@@ -546,10 +550,13 @@ class _Run:
             if live.finished is not None:
                 continue
             request = live.request
-            start = perf_counter()
-            if live.starts:
-                self.manager.free_encoder_inputs_before(request, request.num_computed_tokens - live.placeholders)
-            self.bookkeeping += perf_counter() - start
+            if live.starts and not live.drained:
+                # Inputs whose placeholders end before the confirmed progress are in the KV cache.
+                position = request.num_computed_tokens - live.placeholders
+                start = perf_counter()
+                self.manager.free_encoder_inputs_before(request, position)
+                self.bookkeeping += perf_counter() - start
+                live.drained = position >= live.ends[-1]  # nothing left to free until a restart
             if not samples:
                 continue
             was_running = live.status == _RUNNING
@@ -558,7 +565,7 @@ class _Run:
             live.num_tokens += 1
             if not stale and had_placeholders:
                 live.placeholders -= 1
-                if was_running:
+                if was_running and (request.num_computed_tokens - live.in_flight) // BLOCK_SIZE > live.num_cached:
                     self._cache_blocks(live, request.num_computed_tokens - live.in_flight)
             if live.num_output >= live.spec.output_tokens:
                 self._finish(live)
