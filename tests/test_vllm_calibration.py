@@ -35,7 +35,7 @@ pytestmark = pytest.mark.vllm
 
 #: Small but busy: arrivals fast enough to queue, and (at the tight size) to preempt.
 WORKLOADS = {
-    "chat": WorkloadConfig(kind="chat", requests=40, arrival_rate=0.1, think_steps=20, seed=3),
+    "chat": WorkloadConfig(kind="chat", requests=40, arrival_rate=0.3, think_steps=5, seed=3),
     "video": WorkloadConfig(kind="video", requests=14, arrival_rate=0.05, frames=(8, 24), seed=3),
     "popular": WorkloadConfig(kind="popular", requests=60, arrival_rate=0.5, seed=3),
     "mix": WorkloadConfig(kind="mix", requests=40, arrival_rate=0.1, think_steps=20, seed=3),
