@@ -1,6 +1,8 @@
 # Two entry points for a fresh machine with Python >= 3.10 and a Rust toolchain:
 #   make simulate   the main job (the scheduler simulator's default run)
-#   make test       builds, then runs every check and test: lints, cargo's tests, pytest's
+#   make test       builds, then runs every check and test: lints, cargo's tests, pytest's,
+#                   and last the abi3 check, which also needs CPython 3.10 and 3.13
+#                   (pyenv install --skip-existing 3.10 3.13)
 # Everything is installed into ./.venv (and .venv-3.10, .venv-3.13 for the
 # abi3 checks) by these targets.
 
@@ -46,11 +48,19 @@ lint: build
 	$(PY) -m mypy.stubtest encoder_cache._core
 
 # The same wheel, imported and tested on the other CPythons.
-abi3: wheel
+define test_other_pythons
+	@missing=; for v in $(OTHER_PYTHONS); do \
+		ls -d $(PYENV_ROOT)/versions/$$v.*/bin/python$$v >/dev/null 2>&1 || command -v python$$v >/dev/null || missing="$$missing $$v"; \
+	done; \
+	[ -z "$$missing" ] || { \
+		echo "CPython$$missing not found: the abi3 check also tests the wheel on each of CPython $(OTHER_PYTHONS),"; \
+		echo "taken from pyenv ($(PYENV_ROOT)/versions) or as pythonX.Y on PATH. Install them with"; \
+		echo "    pyenv install --skip-existing$$missing"; \
+		echo "(pyenv: https://github.com/pyenv/pyenv#installation), then run 'make abi3'."; \
+		exit 1; }
 	@for v in $(OTHER_PYTHONS); do \
 		py=$$(ls -d $(PYENV_ROOT)/versions/$$v.*/bin/python$$v 2>/dev/null | tail -n 1); \
 		[ -n "$$py" ] || py=$$(command -v python$$v); \
-		[ -n "$$py" ] || { echo "CPython $$v not found (pyenv or python$$v on PATH); set OTHER_PYTHONS"; exit 1; }; \
 		[ -x .venv-$$v/bin/python ] || $$py -m venv .venv-$$v || exit 1; \
 		echo "CPython $$v ($$py): $(ABI3_TESTS)"; \
 		.venv-$$v/bin/python -m pip --disable-pip-version-check -q install "$$(ls $(WHEELS)/*.whl)[test]" || exit 1; \
@@ -58,10 +68,16 @@ abi3: wheel
 		.venv-$$v/bin/python -c "import encoder_cache._core as c; assert c.__file__.endswith('_core.abi3.so'), c.__file__" || exit 1; \
 		.venv-$$v/bin/python -m pytest -q -p no:cacheprovider $(ABI3_TESTS) || exit 1; \
 	done
+endef
 
-test: lint abi3
+abi3: wheel
+	$(test_other_pythons)
+
+# The main suite first, so a machine without the other CPythons still runs it.
+test: lint wheel
 	cargo test --quiet
 	$(PY) -m pytest -q
+	$(test_other_pythons)
 
 simulate: build
 	@$(PY) -m encoder_cache simulate

@@ -23,7 +23,7 @@ from workloads import BUDGET, mm_hash
 
 import encoder_cache
 from encoder_cache import reference
-from encoder_cache.policies import POLICIES
+from encoder_cache.reference import POLICIES
 from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 
 ITEMS = 16

@@ -24,6 +24,29 @@ def make_request(request_id: str, identifiers: list[str], sizes: list[int], gap:
     return Request(request_id, features)
 
 
+class OddFeature:
+    """A feature with no modality and no placeholder: what the per-item calls read."""
+
+    def __init__(self, identifier, size):
+        self.identifier = identifier
+        self.size = size
+
+
+class OddRequest:
+    """A request whose fields and sizes are whatever the test says (a size that
+    is an exception is raised by ``get_num_encoder_embeds``)."""
+
+    def __init__(self, request_id, identifiers, sizes):
+        self.request_id = request_id
+        self.mm_features = [OddFeature(i, s) for i, s in zip(identifiers, sizes, strict=True)]
+
+    def get_num_encoder_embeds(self, input_id):
+        size = self.mm_features[input_id].size
+        if isinstance(size, Exception):
+            raise size
+        return size
+
+
 def state(manager) -> dict:
     """Every readable field, as plain values, for comparing implementations."""
     return {

@@ -3,33 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_request, state
+from conftest import OddRequest, make_request, state
 
 from encoder_cache import EncoderCacheManager, EncoderDecoderCacheManager, reference
 
 
 class Boom(Exception):
     pass
-
-
-class Feature:
-    def __init__(self, identifier, size):
-        self.identifier = identifier
-        self.size = size
-
-
-class OddRequest:
-    """A request whose fields and sizes are whatever the test says."""
-
-    def __init__(self, request_id, identifiers, sizes):
-        self.request_id = request_id
-        self.mm_features = [Feature(i, s) for i, s in zip(identifiers, sizes, strict=True)]
-
-    def get_num_encoder_embeds(self, input_id):
-        size = self.mm_features[input_id].size
-        if isinstance(size, Exception):
-            raise size
-        return size
 
 
 def busy_manager(manager_cls):

@@ -16,7 +16,7 @@ import pytest
 import encoder_cache
 from encoder_cache import reference
 from encoder_cache.invariants import POLICY_ORDERED, TIERS_ORDERED, InvariantError
-from encoder_cache.policies import GDSF_COST_SCALE, POLICIES, EvictionPolicy, GdsfPolicy
+from encoder_cache.reference import GDSF_COST_SCALE, POLICIES, EvictionPolicy, GdsfPolicy
 from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 
 

@@ -230,7 +230,8 @@ def test_hook_takes_every_option(monkeypatch, caplog):
     assert (default.cache_size, default.policy, default.lookahead) == (2048, "vllm", False)
     options = {"cache_size": 32768, "policy": "gdsf", "lookahead": True, "log_stats_interval": 0}
     with caplog.at_level(logging.INFO, logger="vllm.encoder_cache"):
-        manager = create(cache_size=2048, vllm_config=_config(options=options))
+        # Lookahead is taken only from a scheduler that marks waiting requests.
+        manager = hook.Scheduler(_config(options=options), cache_size=2048).encoder_cache_manager
     assert (manager.cache_size, manager.policy, manager.lookahead) == (32768, "gdsf", True)
     assert type(manager) is hook.EncoderCacheManager, "no stats logging with log_stats_interval 0"
     logged = caplog.text
@@ -272,6 +273,30 @@ def test_hook_refuses_policy_options_for_an_encoder_decoder_model(monkeypatch):
         cache_size=4, vllm_config=_config(options={"cache_size": 9}, enc_dec=True)
     )
     assert type(sized) is encoder_cache.EncoderDecoderCacheManager and sized.cache_size == 9
+
+
+@pytest.mark.parametrize("manager_cls", ["encoder_cache.vllm.EncoderCacheManager", None])
+def test_lookahead_is_taken_under_either_scheduler_subclass(monkeypatch, manager_cls):
+    hook = _install_vllm(monkeypatch)
+    for scheduler_cls in (hook.Scheduler, hook.AsyncScheduler):
+        config = _config(manager_cls=manager_cls, options={"lookahead": True, "log_stats_interval": 0})
+        manager = scheduler_cls(config).encoder_cache_manager
+        assert type(manager) is hook.EncoderCacheManager and manager.lookahead
+
+
+def test_lookahead_without_the_scheduler_subclass_is_refused_at_startup(monkeypatch):
+    hook = _install_vllm(monkeypatch)
+    config = _config(options={"policy": "gdsf", "lookahead": True})
+    # vLLM's own scheduler builds the configured manager in its constructor: it refuses.
+    with pytest.raises(ValueError, match=re.escape(hook.LOOKAHEAD_NEEDS_SCHEDULER)):
+        SchedulerStandIn(config)
+    with pytest.raises(ValueError, match="--scheduler-cls encoder_cache.vllm.AsyncScheduler"):
+        hook.EncoderCacheManager.create_manager(cache_size=4, vllm_config=config)
+    # The mark is per construction: a scheduler built earlier leaves nothing behind.
+    hook.Scheduler(config)
+    with pytest.raises(ValueError, match="lookahead needs the scheduler"):
+        AsyncSchedulerStandIn(config)
+    assert SchedulerStandIn(_config(options={"lookahead": False})).encoder_cache_manager.lookahead is False
 
 
 def test_hook_keeps_the_rust_managers_input_checks(monkeypatch):

@@ -4,7 +4,8 @@
 stock vLLM through both switches; a larger ``cache_size`` or ``cache_gib``
 reaches the manager and encodes less; every policy with ``lookahead`` runs
 the same traffic to completion with the waiting marks equal to vLLM's waiting
-queue at every step. Skipped unless vLLM 0.33 is importable.
+queue at every step, and ``lookahead`` under vLLM's own scheduler is refused
+when the scheduler is built. Skipped unless vLLM 0.33 is importable.
 """
 
 from __future__ import annotations
@@ -98,6 +99,13 @@ def test_every_policy_with_lookahead_follows_the_waiting_queue(model, policy, as
     # Every request finished: nothing is marked or referenced any more.
     assert manager.snapshot().get("waiting", {}) == {}
     assert manager.num_freeable_slots == manager.cache_size
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_lookahead_under_vllms_own_scheduler_is_refused_at_startup(model, async_scheduling):
+    setup = harness.Setup(**{**SETUP.__dict__, "async_scheduling": async_scheduling})
+    with pytest.raises(ValueError, match="lookahead needs the scheduler that marks waiting requests"):
+        harness.build_scheduler("manager", model, setup, manager_config={"lookahead": True})
 
 
 def test_stock_manager_classes_are_untouched(model):

@@ -6,7 +6,7 @@ readable state, same semantics), implemented in Rust. ``encoder_cache.reference`
 holds the pure-Python implementation they are checked and measured against.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+import importlib.metadata as _metadata
 
 from encoder_cache._core import POLICIES, EncoderCacheManager, EncoderDecoderCacheManager
 from encoder_cache.budget import SchedulerConfig, compute_mm_encoder_budget
@@ -14,8 +14,8 @@ from encoder_cache.invariants import InvariantError
 from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 
 try:
-    __version__ = version("encoder-cache")
-except PackageNotFoundError:  # imported from a source tree without installing
+    __version__ = _metadata.version("encoder-cache")
+except _metadata.PackageNotFoundError:  # imported from a source tree without installing
     __version__ = "0+unknown"
 
 __all__ = [

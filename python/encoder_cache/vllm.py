@@ -19,6 +19,7 @@ that version at your own risk.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import os
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import encoder_cache._core as _core
-from encoder_cache.reference import StepResult
+from encoder_cache.step_api import StepResult
 
 SUPPORTED_SERIES = "0.33"
 VERSION_OVERRIDE_ENV = "ENCODER_CACHE_ALLOW_VLLM_VERSION"
@@ -75,6 +76,16 @@ OPTION_KEYS = ("cache_size", "cache_gib", "policy", "lookahead", "log_stats_inte
 # A child of vLLM's "vllm" logger, so its lines go where vLLM's own go.
 _logger = logging.getLogger("vllm.encoder_cache")
 
+#: True while one of this module's schedulers is being built: a manager created
+#: then is driven by a scheduler that marks the waiting requests (lookahead).
+_building_marking_scheduler = contextvars.ContextVar("encoder_cache_building_marking_scheduler", default=False)
+
+LOOKAHEAD_NEEDS_SCHEDULER = (
+    "manager_config lookahead needs the scheduler that marks waiting requests, and vLLM's own scheduler does not: "
+    "add --scheduler-cls encoder_cache.vllm.AsyncScheduler (or encoder_cache.vllm.Scheduler with "
+    "--no-async-scheduling), or leave lookahead out"
+)
+
 
 @dataclass(frozen=True)
 class ManagerOptions:
@@ -85,7 +96,8 @@ class ManagerOptions:
       at most one of them; neither keeps vLLM's size.
     - ``policy``: a name from ``encoder_cache.POLICIES`` (default ``"vllm"``).
     - ``lookahead``: the scheduler subclasses mark the items of waiting
-      requests, which are then evicted last (default False).
+      requests, which are then evicted last (default False). Only they do,
+      so the manager refuses it under any other scheduler.
     - ``log_stats_interval``: seconds between the cache's log lines (hits,
       misses, re-encodes, evictions); 0 turns them off (default 60).
     """
@@ -164,6 +176,8 @@ class EncoderCacheManager(_core.EncoderCacheManager):
                     "an encoder-decoder model's are not: leave them out"
                 )
             return _core.EncoderDecoderCacheManager(size)
+        if options.lookahead and not _building_marking_scheduler.get():
+            raise ValueError(LOOKAHEAD_NEEDS_SCHEDULER)
         manager = (_StatsLoggingManager if options.log_stats_interval > 0 else cls)(size, policy=options.policy)
         manager.lookahead = options.lookahead
         if options.log_stats_interval > 0:
@@ -240,8 +254,16 @@ class _StepLevelEncoderInputs:
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._drained: set[str] = set()
+        building = _building_marking_scheduler.set(True)
+        try:
+            super().__init__(*args, **kwargs)
+            self._drained: set[str] = set()
+            self._ensure_step_level_manager()
+        finally:
+            _building_marking_scheduler.reset(building)
+
+    def _ensure_step_level_manager(self) -> None:
+        """Keep a configured manager with the step-level API; install ours when none is configured."""
         manager = self.encoder_cache_manager
         if hasattr(manager, "try_schedule_encoder_inputs"):
             return

@@ -27,7 +27,7 @@ import math
 __all__ = ["AVAILABLE", "Future", "OraclePolicy", "Recorder"]
 
 try:
-    from encoder_cache.policies import EvictionPolicy
+    from encoder_cache.reference import EvictionPolicy
 except ImportError:  # a manager without pluggable policies
     AVAILABLE = False
 

@@ -1,53 +1,26 @@
-"""Pure-Python encoder-cache managers: the baseline the Rust one is measured
-and checked against.
-
-``EncoderCacheManager`` here has the same API, semantics and errors as the Rust
-``encoder_cache.EncoderCacheManager`` (vLLM 0.33's behaviour plus input
-validation), including the eviction policies (``policy=``, the decisions of
-``encoder_cache.policies``), lookahead marks, resizing and ``stats()``
-described in docs/policies.md; it also accepts a custom
-:class:`~encoder_cache.policies.EvictionPolicy` object. Two earlier behaviours are kept as small variants for comparison:
-
-- ``PreFixEncoderCacheManager``: a request's reference is dropped at the
-  *first* freed occurrence of an item, so an item the request still needs can
-  be evicted and encoded again (the bug vLLM PR #54284 fixed);
-- ``AnyScanEncoderCacheManager``: the PR's fix as first written, scanning the
-  request's remaining inputs on every free (O(k) per free, O(k^2) per request).
-"""
+"""The twin's ``EncoderCacheManager``: vLLM 0.33's encoder-cache bookkeeping
+in plain Python, with the Rust manager's API, semantics and errors."""
 
 from __future__ import annotations
 
-import bisect
 import operator
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
-from encoder_cache.invariants import (
-    InvariantError,
-    _count,
-    _str,
-    check_encoder_decoder_state,
-    check_state,
-    parse_encoder_decoder_state,
-    parse_state,
+from encoder_cache.invariants import InvariantError
+from encoder_cache.reference.checks import count, request_str, rust_debug
+from encoder_cache.reference.policies import POLICIES, EvictionPolicy, make_policy
+from encoder_cache.reference.request_fields import (
+    input_index,
+    read_identifier,
+    read_modality,
+    read_num_embeds,
+    read_request_id,
 )
-from encoder_cache.policies import POLICIES, EvictionPolicy, make_policy
+from encoder_cache.reference.state import check_state, parse_state
+from encoder_cache.reference.steps import StepLevelAPI
 
-#: Called when an item's embedding count disagrees with the cache or with an
-#: earlier item of the same step: ``(request, input_id, identifier, cached, requested)``.
-MismatchCallback = Callable[[Any, int, str, int, int], Any]
-StepResult = tuple[list[int], int, int, list[int], list[int]]
-
-__all__ = [
-    "EVICTED_MEMORY",
-    "POLICIES",
-    "STAT_COUNTERS",
-    "AnyScanEncoderCacheManager",
-    "EncoderCacheManager",
-    "EncoderDecoderCacheManager",
-    "PreFixEncoderCacheManager",
-]
+__all__ = ["EVICTED_MEMORY", "STAT_COUNTERS", "EncoderCacheManager"]
 
 
 #: How many evicted identifiers a manager remembers to recognise re-encodes
@@ -67,45 +40,13 @@ STAT_COUNTERS = (
 )
 
 
-def _modality(request: Any, input_id: int) -> str:
-    modality = getattr(request.mm_features[input_id], "modality", None)
-    return modality if isinstance(modality, str) else "unknown"
-
-
-def _index(input_id: Any) -> int:
-    input_id = operator.index(input_id)
-    if input_id < 0:
-        raise IndexError(f"input_id must be >= 0, got {input_id}")
-    return input_id
-
-
-def _out_of_range(input_id: int, num_items: int) -> str:
-    items = "item" if num_items == 1 else "items"
-    return f"input_id {input_id} is out of range: the request has {num_items} multimodal {items}"
-
-
-def _identifier(request: Any, input_id: int) -> str:
-    features = request.mm_features
-    if isinstance(features, list) and input_id >= len(features):
-        raise IndexError(_out_of_range(input_id, len(features)))
-    return _str(features[input_id].identifier, "mm_features[i].identifier")
-
-
-def _request_id(request: Any) -> str:
-    return _str(request.request_id, "request.request_id")
-
-
-def _num_embeds(request: Any, input_id: int) -> int:
-    return _count(request.get_num_encoder_embeds(input_id), "request.get_num_encoder_embeds()")
-
-
-class EncoderCacheManager:
+class EncoderCacheManager(StepLevelAPI):
     """vLLM 0.33's encoder-cache bookkeeping in plain Python (all state is live;
     ``request_cached_ids`` is derived from ``request_inputs`` on each access).
 
     ``policy`` chooses the victims among unreferenced entries: a name from
     :data:`POLICIES` (``"vllm"``, the default, is vLLM 0.33's rule) or an
-    :class:`~encoder_cache.policies.EvictionPolicy` object. ``mark_waiting`` /
+    :class:`~encoder_cache.reference.policies.EvictionPolicy` object. ``mark_waiting`` /
     ``unmark_waiting`` add lookahead, ``stats()`` counts hits, misses,
     evictions and re-encodes, and assigning ``cache_size`` resizes the cache.
     """
@@ -117,7 +58,7 @@ class EncoderCacheManager:
         return cls(cache_size)
 
     def __init__(self, cache_size: int, *, policy: str | EvictionPolicy = "vllm") -> None:
-        self._cache_size = _count(cache_size, "cache_size")
+        self._cache_size = count(cache_size, "cache_size")
         self._policy = make_policy(policy)
         self._policy.reset()
         self.num_free_slots = self._cache_size
@@ -164,7 +105,7 @@ class EncoderCacheManager:
         return {item: self._released[item] for tier in (0, 1) for item in self._policy.order(tier)}
 
     def resize(self, cache_size: int) -> None:
-        cache_size = _count(cache_size, "cache_size")
+        cache_size = count(cache_size, "cache_size")
         referenced = self._cache_size - self.num_freeable_slots
         if referenced > cache_size:
             raise ValueError(
@@ -201,27 +142,29 @@ class EncoderCacheManager:
         """Record that waiting ``request`` will need its items: until
         ``unmark_waiting``, they are evicted only after every evictable entry
         no waiting request needs. ValueError if it is marked already."""
-        request_id = _request_id(request)
-        identifiers = list(dict.fromkeys(_str(f.identifier, "mm_features[i].identifier") for f in request.mm_features))
+        request_id = read_request_id(request)
+        identifiers = list(
+            dict.fromkeys(request_str(f.identifier, "mm_features[i].identifier") for f in request.mm_features)
+        )
         if request_id in self.waiting:
             raise ValueError(f"request '{request_id}' is already marked waiting")
         self.waiting[request_id] = identifiers
         for identifier in identifiers:
-            count = self.waiting_count.get(identifier, 0)
-            self.waiting_count[identifier] = count + 1
-            if not count and self._tier.get(identifier) == 0:
+            waiters = self.waiting_count.get(identifier, 0)
+            self.waiting_count[identifier] = waiters + 1
+            if not waiters and self._tier.get(identifier) == 0:
                 self._move(identifier, 1)
 
     def unmark_waiting(self, request: Any) -> None:
         """Drop ``request``'s lookahead mark; ValueError if it has none."""
-        request_id = _request_id(request)
+        request_id = read_request_id(request)
         identifiers = self.waiting.pop(request_id, None)
         if identifiers is None:
             raise ValueError(f"request '{request_id}' is not marked waiting")
         for identifier in identifiers:
-            count = self.waiting_count.pop(identifier) - 1
-            if count:
-                self.waiting_count[identifier] = count
+            waiters = self.waiting_count.pop(identifier) - 1
+            if waiters:
+                self.waiting_count[identifier] = waiters
             elif self._tier.get(identifier) == 1:
                 self._move(identifier, 0)
 
@@ -258,9 +201,9 @@ class EncoderCacheManager:
             counters[embeds_event] += embeds
 
     def check_and_update_cache(self, request: Any, input_id: int) -> bool:
-        input_id = _index(input_id)
-        mm_hash = _identifier(request, input_id)
-        request_id = _request_id(request)
+        input_id = input_index(input_id)
+        mm_hash = read_identifier(request, input_id)
+        request_id = read_request_id(request)
         # A held input changes nothing here under the fix (its request already
         # refers to the entry); the pre-fix variant relies on re-referencing it.
         held = self._holds(request_id, input_id, mm_hash)
@@ -281,12 +224,12 @@ class EncoderCacheManager:
         return True
 
     def get_cached_num_encoder_embeds(self, request: Any, input_id: int) -> int | None:
-        return self.num_embeds_by_hash.get(_identifier(request, _index(input_id)))
+        return self.num_embeds_by_hash.get(read_identifier(request, input_index(input_id)))
 
     def can_allocate(
         self, request: Any, input_id: int, encoder_compute_budget: int, num_embeds_to_schedule: int
     ) -> bool:
-        num_embeds = _num_embeds(request, _index(input_id))
+        num_embeds = read_num_embeds(request, input_index(input_id))
         if num_embeds > operator.index(encoder_compute_budget):
             return False
         num_embeds += operator.index(num_embeds_to_schedule)
@@ -318,27 +261,27 @@ class EncoderCacheManager:
         self.num_free_slots += size
 
     def allocate(self, request: Any, input_id: int) -> None:
-        input_id = _index(input_id)
-        mm_hash = _identifier(request, input_id)
-        request_id = _request_id(request)
-        num_embeds = _num_embeds(request, input_id)
+        input_id = input_index(input_id)
+        mm_hash = read_identifier(request, input_id)
+        request_id = read_request_id(request)
+        num_embeds = read_num_embeds(request, input_id)
         cached_embeds = self.num_embeds_by_hash.get(mm_hash)
         if cached_embeds is not None and cached_embeds != num_embeds:
             raise ValueError(
-                f"item {mm_hash!r} is cached with {cached_embeds} embeddings but the request gives {num_embeds}"
+                f"item {rust_debug(mm_hash)} is cached with {cached_embeds} embeddings but the request gives {num_embeds}"
             )
         if cached_embeds is not None:
             raise ValueError(
-                f"item {mm_hash!r} is already cached; take the hit with check_and_update_cache "
+                f"item {rust_debug(mm_hash)} is already cached; take the hit with check_and_update_cache "
                 "instead of allocating it again"
             )
         if num_embeds > self.num_free_slots:
             raise ValueError(
-                f"cannot allocate {num_embeds} embeddings for item {mm_hash!r}: {self.num_free_slots} slots free, "
+                f"cannot allocate {num_embeds} embeddings for item {rust_debug(mm_hash)}: {self.num_free_slots} slots free, "
                 f"{self.num_freeable_slots} reclaimable; call can_allocate first so it can evict"
             )
         self._holds(request_id, input_id, mm_hash)
-        modality = _modality(request, input_id)
+        modality = read_modality(request, input_id)
         self.cached[mm_hash] = {request_id}
         self.num_embeds_by_hash[mm_hash] = num_embeds
         self.modality[mm_hash] = modality
@@ -377,15 +320,15 @@ class EncoderCacheManager:
         counts[mm_hash] = counts.get(mm_hash, 0) + 1
 
     def get_cached_input_ids(self, request: Any) -> set[int]:
-        return set(self.request_inputs.get(_request_id(request), ()))
+        return set(self.request_inputs.get(read_request_id(request), ()))
 
     def free_encoder_input(self, request: Any, input_id: int) -> None:
-        input_id = _index(input_id)
-        request_id = _request_id(request)
+        input_id = input_index(input_id)
+        request_id = read_request_id(request)
         held = self.request_inputs.get(request_id)
         if held is None or input_id not in held:
             # Nothing to release, but an input the request does not have is still an error.
-            _identifier(request, input_id)
+            read_identifier(request, input_id)
             return
         mm_hash = held.pop(input_id)
         if self._last_occurrence(request, request_id, mm_hash):
@@ -419,7 +362,7 @@ class EncoderCacheManager:
 
     def free(self, request: Any) -> None:
         # Ascending input order, as the Rust manager walks them.
-        for input_id in sorted(self.request_inputs.get(_request_id(request), ())):
+        for input_id in sorted(self.request_inputs.get(read_request_id(request), ())):
             self.free_encoder_input(request, input_id)
 
     def get_freed_mm_hashes(self) -> list[str]:
@@ -488,6 +431,10 @@ class EncoderCacheManager:
         """A manager in the state ``snapshot()`` gave; ValueError if it breaks an invariant.
         Snapshots without the policy keys restore under ``"vllm"``."""
         state = parse_state(state)
+        if state["policy"] not in POLICIES:  # a custom policy's state is not restored
+            raise ValueError(
+                f"unknown policy '{state['policy']}' in state['policy']; the policies are {', '.join(POLICIES)}"
+            )
         try:
             check_state(state)
         except InvariantError as err:
@@ -518,287 +465,3 @@ class EncoderCacheManager:
             manager.request_hash_refs[request_id] = dict(held["occurrences"])
         manager.freed = state["freed"]
         return manager
-
-    # Step-level API: vLLM 0.33's Scheduler._try_schedule_encoder_inputs,
-    # _allocate_encoder_inputs and _free_encoder_inputs, as calls on the manager.
-
-    def try_schedule_encoder_inputs(
-        self,
-        request: Any,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-        encoder_compute_budget: int,
-        shift_computed_tokens: int = 0,
-        *,
-        disable_chunked_mm_input: bool = False,
-        has_remote_item: Callable[[str], bool] | None = None,
-        on_mismatch: MismatchCallback | None = None,
-    ) -> StepResult:
-        """Choose the request's items to encode for tokens
-        ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``.
-
-        Returns ``(to_encode, num_new_tokens, encoder_compute_budget,
-        load_from_remote, repeated_in_step)``, exactly as vLLM's scheduler
-        computes them, and leaves the cache as vLLM's loop leaves it (hits
-        taken, entries evicted to make room). A cache-size disagreement on an
-        identifier rejects the request for this step: ``on_mismatch`` is told
-        and ``([], 0, encoder_compute_budget, [], [])`` comes back.
-        """
-        features = request.mm_features
-        if num_new_tokens == 0 or not features:
-            return [], num_new_tokens, encoder_compute_budget, [], []
-        enc_dec = self.is_encoder_decoder
-        to_encode: list[int] = []
-        from_remote: list[int] = []
-        repeated: list[int] = []
-        sizes_this_step: dict[str, int] = {}
-        embeds_this_step = 0
-        window_end = num_computed_tokens + num_new_tokens + shift_computed_tokens
-        lo = (
-            0
-            if enc_dec
-            else bisect.bisect_left(
-                features, num_computed_tokens + 1, key=lambda f: f.mm_position.offset + f.mm_position.length
-            )
-        )
-        hi = bisect.bisect_left(features, window_end, key=lambda f: f.mm_position.offset)
-        for i in range(lo, hi):
-            feature = features[i]
-            position = feature.mm_position
-            start, length = position.offset, position.length
-            num_embeds = position.get_num_embeds()
-            identifier = feature.identifier
-            if enc_dec and num_computed_tokens > 0:
-                if start != 0:
-                    raise ValueError("encoder-decoder inputs must start at position 0")
-                continue  # encoded before the first decoder token
-            if (
-                disable_chunked_mm_input
-                and not enc_dec
-                and num_computed_tokens <= start
-                and num_computed_tokens + num_new_tokens < start + length
-            ):
-                # Never split an item: stop before it, the drafter shift included.
-                num_new_tokens = max(0, start - (num_computed_tokens + shift_computed_tokens))
-                break
-            if not enc_dec:
-                known = sizes_this_step.get(identifier)
-                if known is None:
-                    known = self.get_cached_num_encoder_embeds(request, i)
-                    if known is not None and known != num_embeds:
-                        return self._reject(
-                            on_mismatch, request, i, identifier, known, num_embeds, encoder_compute_budget
-                        )
-                elif known != num_embeds:
-                    return self._reject(on_mismatch, request, i, identifier, known, num_embeds, encoder_compute_budget)
-                else:
-                    repeated.append(i)
-                    continue
-                if self.check_and_update_cache(request, i):
-                    continue
-            if not self.can_allocate(request, i, encoder_compute_budget, embeds_this_step):
-                # Encode an item whole or not at all: schedule the tokens before it, if any.
-                num_new_tokens = min(num_new_tokens, start - num_computed_tokens) if num_computed_tokens < start else 0
-                break
-            first, last = position.get_embeds_indices_in_range(
-                max(0, num_computed_tokens - start), min(length, window_end - start)
-            )
-            if last == first:
-                continue  # only break/text tokens of the item fall in this step
-            sizes_this_step[identifier] = num_embeds
-            embeds_this_step += num_embeds
-            if has_remote_item is not None and has_remote_item(identifier):
-                from_remote.append(i)
-                continue
-            encoder_compute_budget -= num_embeds
-            to_encode.append(i)
-        return to_encode, num_new_tokens, encoder_compute_budget, from_remote, repeated
-
-    @staticmethod
-    def _reject(
-        on_mismatch: MismatchCallback | None,
-        request: Any,
-        input_id: int,
-        identifier: str,
-        known: int,
-        requested: int,
-        encoder_compute_budget: int,
-    ) -> StepResult:
-        if on_mismatch is not None:
-            on_mismatch(request, input_id, identifier, known, requested)
-        return [], 0, encoder_compute_budget, [], []
-
-    def allocate_encoder_inputs(self, request: Any, input_ids: list[int], duplicate_input_ids: list[int]) -> None:
-        """Reserve the step's new items, then take the hits for its repeats.
-
-        Every id is checked before anything changes; an allocation the cache
-        refuses stops the call there (earlier ones stay)."""
-        num_items = len(request.mm_features)
-        for input_id in [*input_ids, *duplicate_input_ids]:
-            if _index(input_id) >= num_items:
-                raise IndexError(_out_of_range(input_id, num_items))
-        for input_id in input_ids:
-            self.allocate(request, input_id)
-        for input_id in duplicate_input_ids:
-            self.check_and_update_cache(request, input_id)
-
-    def free_encoder_inputs_before(self, request: Any, position: int) -> list[int]:
-        """Free the request's cached inputs whose placeholders end at or before
-        ``position``; return their ids, ascending."""
-        features = request.mm_features
-        done = [
-            i
-            for i in sorted(self.get_cached_input_ids(request))
-            if self._consumed(request, features[i].mm_position, position)
-        ]
-        for input_id in done:
-            self.free_encoder_input(request, input_id)
-        return done
-
-    def _consumed(self, request: Any, placeholder: Any, position: int) -> bool:
-        return placeholder.offset + placeholder.length <= position
-
-
-class PreFixEncoderCacheManager(EncoderCacheManager):
-    """Before vLLM PR #54284: the first freed occurrence drops the reference."""
-
-    def _last_occurrence(self, request: Any, request_id: str, mm_hash: str) -> bool:
-        super()._last_occurrence(request, request_id, mm_hash)
-        return True
-
-
-class AnyScanEncoderCacheManager(EncoderCacheManager):
-    """vLLM PR #54284 as merged: scan the request's remaining inputs on each free."""
-
-    def _last_occurrence(self, request: Any, request_id: str, mm_hash: str) -> bool:
-        super()._last_occurrence(request, request_id, mm_hash)
-        features = request.mm_features
-        return not any(features[other].identifier == mm_hash for other in self.request_inputs.get(request_id, ()))
-
-
-class EncoderDecoderCacheManager(EncoderCacheManager):
-    """vLLM 0.33's scheduling-only manager for encoder-decoder models, with
-    each held input freed once (vLLM adds its size back on every free)."""
-
-    is_encoder_decoder = True
-
-    def __init__(self, cache_size: int) -> None:
-        self._cache_size = _count(cache_size, "cache_size")
-        self.num_free_slots = self._cache_size
-        #: request id -> input id -> embeddings, for inputs allocated and not freed yet.
-        self.held: dict[str, dict[int, int]] = {}
-        self.allocated: list[str] = []
-        self.to_free: list[str] = []
-
-    @property
-    def cache_size(self) -> int:
-        """The capacity in embeddings. Assigning resizes: ValueError, changing
-        nothing, below what the held inputs take."""
-        return self._cache_size
-
-    @cache_size.setter
-    def cache_size(self, value: int) -> None:
-        value = _count(value, "cache_size")
-        used = self._cache_size - self.num_free_slots
-        if value < used:
-            raise ValueError(
-                f"cannot resize the cache to {value} embeddings: entries in use take {used}; "
-                f"free requests first or choose a size of at least {used}"
-            )
-        self.num_free_slots = value - used
-        self._cache_size = value
-
-    @property
-    def policy(self) -> str:
-        """Always ``"vllm"``: nothing is shared, so nothing is evicted."""
-        return "vllm"
-
-    def reset(self) -> None:
-        self.num_free_slots = self._cache_size
-        self.held.clear()
-        self.allocated.clear()
-        self.to_free.clear()
-
-    def check_and_update_cache(self, request: Any, input_id: int) -> bool:
-        return False
-
-    def get_cached_num_encoder_embeds(self, request: Any, input_id: int) -> int | None:
-        return None
-
-    def can_allocate(
-        self, request: Any, input_id: int, encoder_compute_budget: int, num_embeds_to_schedule: int
-    ) -> bool:
-        num_embeds = _num_embeds(request, _index(input_id))
-        if num_embeds > operator.index(encoder_compute_budget):
-            return False
-        return num_embeds + operator.index(num_embeds_to_schedule) <= self.num_free_slots
-
-    def allocate(self, request: Any, input_id: int) -> None:
-        input_id = _index(input_id)
-        num_embeds = _num_embeds(request, input_id)
-        mm_hash = _identifier(request, input_id)
-        request_id = _request_id(request)
-        self._allocate(request_id, input_id, mm_hash, num_embeds)
-
-    def _allocate(self, request_id: str, input_id: int, mm_hash: str, num_embeds: int) -> None:
-        if num_embeds > self.num_free_slots:
-            raise ValueError(
-                f"cannot allocate {num_embeds} embeddings for item {mm_hash!r}: {self.num_free_slots} slots free, "
-                f"{self.num_free_slots} reclaimable; call can_allocate first so it can evict"
-            )
-        if input_id in self.held.get(request_id, {}):
-            raise ValueError(
-                f"request '{request_id}' already holds input {input_id}; free it before allocating it again"
-            )
-        self.held.setdefault(request_id, {})[input_id] = num_embeds
-        self.num_free_slots -= num_embeds
-        self.allocated.append(mm_hash)
-
-    def get_cached_input_ids(self, request: Any) -> set[int]:
-        return set(self.held.get(_request_id(request), ()))
-
-    def free_encoder_input(self, request: Any, input_id: int) -> None:
-        input_id = _index(input_id)
-        request_id = _request_id(request)
-        inputs = self.held.get(request_id, {})
-        if input_id not in inputs:
-            _identifier(request, input_id)  # an input the request does not have is still an error
-            return
-        self.num_free_slots += inputs.pop(input_id)
-        if not inputs:
-            del self.held[request_id]
-
-    def free(self, request: Any) -> None:
-        inputs = self.held.pop(_request_id(request), {})
-        self.num_free_slots += sum(inputs.values())
-
-    def get_freed_mm_hashes(self) -> list[str]:
-        to_free, self.to_free, self.allocated = self.to_free, self.allocated, []
-        return to_free
-
-    def check_invariants(self) -> None:
-        check_encoder_decoder_state(parse_encoder_decoder_state(self.snapshot()))
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "cache_size": self._cache_size,
-            "num_free_slots": self.num_free_slots,
-            "held": {request: [[i, n] for i, n in sorted(inputs.items())] for request, inputs in self.held.items()},
-            "allocated": list(self.allocated),
-            "to_free": list(self.to_free),
-        }
-
-    @classmethod
-    def restore(cls, state: Any) -> EncoderDecoderCacheManager:
-        state = parse_encoder_decoder_state(state)
-        check_encoder_decoder_state(state)
-        manager = cls(state["cache_size"])
-        manager.num_free_slots = state["num_free_slots"]
-        manager.held = {request: inputs for request, inputs in state["held"].items() if inputs}
-        manager.allocated = state["allocated"]
-        manager.to_free = state["to_free"]
-        return manager
-
-    def _consumed(self, request: Any, placeholder: Any, position: int) -> bool:
-        # Cross-attention has the encoder output once the first decoder token is computed.
-        return request.num_computed_tokens > 0 or super()._consumed(request, placeholder, position)

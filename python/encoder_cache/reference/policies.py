@@ -24,7 +24,7 @@ from collections import OrderedDict
 __all__ = [
     "GDSF_COST_SCALE",
     "POLICIES",
-    "S3FIFO_MAX_FREQ",
+    "S3FIFO_MAX_CREDIT",
     "EvictionPolicy",
     "GdsfPolicy",
     "S3FifoPolicy",
@@ -43,7 +43,7 @@ GDSF_COST_SCALE = 8192.0
 
 #: S3-FIFO: the most hits the main queue remembers for an entry (each one buys
 #: the entry one more pass before eviction).
-S3FIFO_MAX_FREQ = 3
+S3FIFO_MAX_CREDIT = 3
 
 
 class EvictionPolicy:
@@ -225,7 +225,7 @@ class S3FifoPolicy(EvictionPolicy):
     video frame, an image nobody sends again) and *main* for entries hit at
     least once. Small is evicted first; when it is empty, main is a CLOCK: its
     oldest entry is evicted if it has no hit credit left, otherwise it spends
-    one credit (credits: hits, at most :data:`S3FIFO_MAX_FREQ`) and goes to
+    one credit (credits: hits, at most :data:`S3FIFO_MAX_CREDIT`) and goes to
     the back. O(1) amortised: every pass is paid by an earlier hit.
     """
 
@@ -248,7 +248,7 @@ class S3FifoPolicy(EvictionPolicy):
         super().released(identifier, tier)
         hits = self.frequency[identifier] - 1
         if hits:
-            self.credit[identifier] = min(hits, S3FIFO_MAX_FREQ)
+            self.credit[identifier] = min(hits, S3FIFO_MAX_CREDIT)
             self._main[tier][identifier] = None
         else:
             self._small[tier][identifier] = None
