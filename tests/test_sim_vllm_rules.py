@@ -6,6 +6,8 @@ own scheduler on larger workloads.)"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from dataclasses import replace
 
 import pytest
@@ -132,3 +134,34 @@ def test_async_scheduling_schedules_as_many_steps_and_finishes_a_step_later():
         c = simulate(chat, replace(TIGHT, async_scheduling=mode), check=True).counters
         assert c.requests == 2 and c.steps == 8
         assert c.prefix_hit_tokens == 2 * BLOCK_SIZE, "turn 1 finds turn 0's prompt and answer (44 tokens)"
+
+
+# The command line
+
+
+FAST = ["--requests", "30", "--no-progress", "--jobs", "1", "--no-sweep", "--policy", "vllm", "--no-lookahead"]
+
+
+def test_the_scheduling_options_reach_the_run(capsys):
+    from encoder_cache.__main__ import main
+
+    assert main(["simulate", *FAST, "--json"]) == 0
+    limits = json.loads(capsys.readouterr().out)["limits"]
+    assert limits["async_scheduling"] is True and limits["reserve_full_isl"] is True, "vLLM's defaults"
+    assert main(["simulate", *FAST, "--json", "--no-async-scheduling", "--no-scheduler-reserve-full-isl"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["limits"]["async_scheduling"] is False and data["limits"]["reserve_full_isl"] is False
+    assert data["engine"] == "model"
+    assert main(["simulate", *FAST]) == 0
+    assert "the scheduler model, async scheduling, admission whole prompt" in capsys.readouterr().out
+
+
+def test_engine_vllm_without_vllm_says_what_to_install(capsys):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: tests/test_vllm_calibration.py runs the engine")
+    from encoder_cache.__main__ import main
+
+    assert main(["simulate", *FAST, "--engine", "vllm"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert "--engine vllm" in err and "pip install 'vllm==0.33.*'" in err
