@@ -1,34 +1,25 @@
-"""A compact continuous-batching scheduler modelled on vLLM V1's, driving an
-encoder-cache manager through its step-level API.
+"""The scheduler model: vLLM 0.33's ``Scheduler`` (one full-attention KV
+group), rule for rule, driving an encoder-cache manager through its
+step-level API.
 
 Each step: running requests first, in admission order, then waiting ones (not
-on a step that preempted), within a token budget (``max_num_batched_tokens``),
-a request limit (``max_num_seqs``) and the encoder compute budget. Prefill is
-chunked, items may be split across steps. After the step every scheduled
-request advances, decodes one token once its prompt is computed, frees the
-encoder inputs it has consumed, and when it has all its output tokens it
-finishes and frees its references.
-
-The KV cache is a pool of 16-token blocks with vLLM's automatic prefix caching
-(``prefix_cache.py``): on admission a request skips the longest cached prefix
-of its tokens, and items wholly inside it are never scheduled for encoding.
-When the pool runs out, the newest running request is preempted: it frees its
-references and blocks and later starts again (its cached blocks may survive).
-
-With ``lookahead`` the scheduler marks every request in the waiting queue on
-the manager (``mark_waiting`` when it arrives there, preempted ones included;
-``unmark_waiting`` when it is admitted), so the manager evicts entries a
-waiting request needs last.
-
-The scheduler counts what the encoder computes, its cost in encoder seconds,
-and times every manager call; ``check=True`` also verifies the cache's
-accounting after every step. Arrivals come from ``arrivals.py``, the manager
-from ``variants.py``; the result is a ``results.RunResult``.
+on a step that preempted), within the token budget, the request limit and the
+encoder compute budget; prefill is chunked, items may be split across steps.
+A waiting request is admitted when its whole prompt fits in free KV blocks
+(``reserve_full_isl``) or else its chunk. When the pool runs out, the newest
+running request is preempted: it frees its references and blocks and goes
+back to the front of the queue. The KV pool and its prefix cache are vLLM's
+(``prefix_cache.py``). With async scheduling (vLLM's default) the engine
+keeps two steps in flight, as vLLM's batch queue does: outputs, frees and
+finishes are seen a step after the step is scheduled. Lookahead marks are
+set as ``encoder_cache.vllm``'s scheduler subclasses set them. What each item
+occurrence cost is counted by ``ledger.py``; ``check=True`` also verifies the
+cache's accounting after every step. Arrivals come from ``arrivals.py``, the
+manager from ``variants.py``; the result is a ``results.RunResult``.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator
 from time import perf_counter
@@ -38,6 +29,7 @@ from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 from encoder_cache.simulator import checks, oracle
 from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
+from encoder_cache.simulator.ledger import Ledger
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE, BlockHasher, BlockPool
 from encoder_cache.simulator.results import Counters, RunResult, SimulationError
@@ -147,9 +139,7 @@ class _Run:
         self.limits = limits
         self.manager = manager
         self.encoder_compute_budget = encoder_compute_budget
-        self.cost = cost
         self.lookahead = lookahead
-        self.observer = observer
         self.check = check
         self.progress = progress
         self.counters = Counters()
@@ -164,8 +154,7 @@ class _Run:
         self.arrivals = Arrivals(specs)
         #: Each session's last arrived request: its prompt is the next turn's prefix.
         self.last_turn: dict[str, _Live] = {}
-        self.encoded_ids: set[str] = set()
-        self.seen_ids: set[str] = set()
+        self.ledger = Ledger(self.counters, cost, observer)
 
     # Arrivals
 
@@ -191,11 +180,7 @@ class _Run:
                 live.hasher.hashes = previous.hasher.hashes[: shared // BLOCK_SIZE]  # type: ignore[union-attr]
         if live is None:
             live = _Live(spec, origins)
-        for item in spec.items:
-            if item.identifier not in self.seen_ids:
-                self.seen_ids.add(item.identifier)
-                self.counters.distinct_items += 1
-                self.counters.distinct_embeds += item.length
+        self.ledger.arrived(spec)
         self.waiting.append(live)
 
     def _sync_marks(self) -> None:
@@ -421,7 +406,7 @@ class _Run:
                     self.counters.prefix_query_tokens += live.num_tokens
                     self.counters.prefix_hit_tokens += computed
                 if computed:
-                    self._skip_prefix_items(live, computed)
+                    self.ledger.admitted(live.spec, live.served, live.ends, computed)
                 token_budget -= num_new
                 if to_encode:
                     encoder_budget = budget_after
@@ -457,17 +442,6 @@ class _Run:
                 pool.cache(blocks[b], hashes[b])
             live.num_cached = full
 
-    def _skip_prefix_items(self, live: _Live, computed: int) -> None:
-        c, served = self.counters, live.served
-        for i in range(bisect_right(live.ends, computed)):
-            if not served[i]:
-                served[i] = True
-                c.prefix_skipped_items += 1
-                c.prefix_skipped_embeds += live.spec.items[i].length
-                if self.observer is not None:
-                    item = live.spec.items[i]
-                    self.observer.served(live.spec.request_id, i, item.identifier, self.counters.steps)
-
     def _start(
         self,
         live: _Live,
@@ -484,39 +458,12 @@ class _Run:
             start = perf_counter()
             self.manager.allocate_encoder_inputs(request, to_encode, repeated)
             self.bookkeeping += perf_counter() - start
-        # The items whose placeholders overlap this step's tokens.
         computed = request.num_computed_tokens
-        first = bisect_right(live.ends, computed)
-        last = bisect_left(live.starts, computed + num_new)
-        if first >= last and not to_encode:
-            return
-        c, served, items, observer = self.counters, live.served, live.spec.items, self.observer
-        step = c.steps
-        for i in to_encode:
-            item = items[i]
-            embeds = item.length
-            c.encoded_items += 1
-            c.encoded_embeds += embeds
-            c.encoder_seconds += self.cost.seconds(embeds)
-            if item.identifier in self.encoded_ids:
-                c.recomputed_items += 1
-                c.recomputed_embeds += embeds
-                if served[i]:
-                    c.evicted_in_use_embeds += embeds
-            else:
-                self.encoded_ids.add(item.identifier)
-            if not served[i] and observer is not None:
-                observer.served(live.spec.request_id, i, item.identifier, step)
-            served[i] = True
-        for i in range(first, last):
-            if not served[i]:
-                served[i] = True
-                c.cache_hits += 1
-                c.hit_embeds += items[i].length
-                if observer is not None:
-                    observer.served(live.spec.request_id, i, items[i].identifier, step)
-        if self.check:
-            checks.window(self.manager, live.request, first, last, to_encode)
+        first, last = self.ledger.scheduled(
+            live.spec, live.served, live.starts, live.ends, computed, num_new, to_encode
+        )
+        if self.check and (first < last or to_encode):
+            checks.window(self.manager, request, first, last, to_encode)
 
     def _preempt(self, live: _Live) -> None:
         start = perf_counter()
@@ -530,11 +477,7 @@ class _Run:
         live.status = _PREEMPTED
         live.stale = live.in_flight  # its steps in flight deliver their tokens, then it may resume
         live.placeholders = 0
-        if self.observer is not None:
-            for i, item in enumerate(live.spec.items):
-                if live.served[i]:
-                    self.observer.needed_again(live.spec.request_id, i, item.identifier)
-        live.served = [False] * len(live.served)
+        self.ledger.restarted(live.spec, live.served)
         self.waiting.appendleft(live)
         self.counters.preemptions += 1
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +46,7 @@ import numpy as np
 from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.engine import shared_prefix
+from encoder_cache.simulator.ledger import Ledger
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE
 from encoder_cache.simulator.results import Counters, RunResult, SimulationError
@@ -305,8 +305,7 @@ class _Replay:
         self.live: dict[str, _Live] = {}
         self.sessions: dict[str, tuple[RequestSpec, list[tuple[int, int, str]]]] = {}
         self.emitted: dict[str, int] = {}
-        self.seen_ids: set[str] = set()
-        self.encoded_ids: set[str] = set()
+        self.ledger = Ledger(self.counters, cost)
         self.scheduler_seconds = 0.0
 
     def _arrive(self, spec: RequestSpec) -> None:
@@ -339,11 +338,7 @@ class _Replay:
             mm_features=features,
             block_hasher=self.block_hasher,
         )
-        for item in spec.items:
-            if item.identifier not in self.seen_ids:
-                self.seen_ids.add(item.identifier)
-                self.counters.distinct_items += 1
-                self.counters.distinct_embeds += item.length
+        self.ledger.arrived(spec)
         self.live[spec.request_id] = _Live(spec, request)
         self.emitted[spec.request_id] = 0
         self.scheduler.add_request(request)
@@ -372,46 +367,25 @@ class _Replay:
 
     def _account(self, output: Any) -> None:
         """Counters for one scheduled step."""
-        c = self.counters
+        c, ledger = self.counters, self.ledger
         for req_id in output.preempted_req_ids or ():
             live = self.live[req_id]
             live.running = False
-            live.served = [False] * len(live.served)
+            ledger.restarted(live.spec, live.served)
             c.preemptions += 1
         encoder_inputs = output.scheduled_encoder_inputs
         for req_id, num_new in output.num_scheduled_tokens.items():
             live = self.live[req_id]
-            computed = live.vllm.num_computed_tokens - num_new
-            served, items = live.served, live.spec.items
+            computed = live.vllm.num_computed_tokens - num_new  # vLLM advanced it when it scheduled the step
             if not live.running:
                 live.running = True
                 if self.caching:
                     c.prefix_query_tokens += live.vllm.num_tokens
                     c.prefix_hit_tokens += computed
                 if computed:
-                    for i in range(bisect_right(live.ends, computed)):
-                        if not served[i]:
-                            served[i] = True
-                            c.prefix_skipped_items += 1
-                            c.prefix_skipped_embeds += items[i].length
-            for i in encoder_inputs.get(req_id, ()):
-                item = items[i]
-                c.encoded_items += 1
-                c.encoded_embeds += item.length
-                c.encoder_seconds += self.cost.seconds(item.length)
-                if item.identifier in self.encoded_ids:
-                    c.recomputed_items += 1
-                    c.recomputed_embeds += item.length
-                    if served[i]:
-                        c.evicted_in_use_embeds += item.length
-                else:
-                    self.encoded_ids.add(item.identifier)
-                served[i] = True
-            for i in range(bisect_right(live.ends, computed), bisect_left(live.starts, computed + num_new)):
-                if not served[i]:
-                    served[i] = True
-                    c.cache_hits += 1
-                    c.hit_embeds += items[i].length
+                    ledger.admitted(live.spec, live.served, live.ends, computed)
+            to_encode = encoder_inputs.get(req_id, [])
+            ledger.scheduled(live.spec, live.served, live.starts, live.ends, computed, num_new, to_encode)
         c.evictions += len(output.free_encoder_mm_hashes)
 
     def _finish(self, engine_outputs: dict[int, Any]) -> None:
