@@ -31,8 +31,10 @@ results compare field by field.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import tempfile
 from collections import deque
 from collections.abc import Callable
@@ -456,6 +458,19 @@ class _Replay:
             self.progress(c.requests)
 
 
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """vLLM's log lines (a custom scheduler class, our hook's capacity notes,
+    which warn about the sweep's huge sizes) say nothing about the replay: keep errors only."""
+    logger = logging.getLogger("vllm")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def simulate_vllm(
     workload: Any,
     limits: SchedulerLimits,
@@ -480,7 +495,7 @@ def simulate_vllm(
     size = derived_size if cache_size is None else max(cache_size, *max_embeds.values(), 1)
     max_tokens = max((spec.total_tokens for spec in workload.requests()), default=1)
     max_model_len = -(-(max_tokens + 1) // BLOCK_SIZE) * BLOCK_SIZE
-    with tempfile.TemporaryDirectory(prefix="encoder-cache-vllm-") as directory:
+    with _quiet(), tempfile.TemporaryDirectory(prefix="encoder-cache-vllm-") as directory:
         scheduler = _scheduler(
             Path(directory),
             limits,
@@ -492,7 +507,8 @@ def simulate_vllm(
     manager = scheduler.encoder_cache_manager
     replay = _Replay(workload, scheduler, cost, 2 if limits.async_scheduling else 1, progress, check)
     start = perf_counter()
-    replay.run()
+    with _quiet():
+        replay.run()
     wall = perf_counter() - start
     stats = manager.stats() if hasattr(manager, "stats") else None
     return RunResult(
