@@ -17,7 +17,7 @@ OTHER_PYTHONS ?= 3.10 3.13
 PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $$HOME/.pyenv)
 # What the other CPythons run: the API, the differential tests and the seed regressions.
 ABI3_TESTS := tests/test_manager_api.py tests/test_bad_input.py tests/test_differential.py \
-	tests/test_step_differential.py tests/test_seed_regressions.py tests/test_stubs.py
+	tests/test_step_differential.py tests/test_seed_regressions.py tests/test_stubs.py tests/test_host_tier.py
 
 .PHONY: build wheel test lint abi3 simulate bench
 

@@ -95,6 +95,14 @@ REQUEST_COLUMNS = [
     ("any() scan", time_of("anyscan")),
     ("any() scan / Rust", ratio_of("anyscan", "rust")),
 ]
+#: The host tier's block cache: vLLM's EmbeddingCache against ours under each policy.
+HOST_COLUMNS = [
+    ("vLLM", time_of("vllm")),
+    ("fifo", time_of("fifo")),
+    ("vLLM / fifo", ratio_of("vllm", "fifo")),
+    ("gdsf", time_of("gdsf")),
+    ("s3fifo", time_of("s3fifo")),
+]
 
 
 def timing_table(groups: dict[str, dict[str, dict]], columns) -> list[str]:
@@ -134,6 +142,7 @@ def main(path: str) -> None:
         ("Per request (time per round)", timing_table(by_group(benchmarks, "bench_lifecycle"), REQUEST_COLUMNS)),
         ("Step-level, one request, all items cached", timing_table(by_group(benchmarks, "bench_step"), BASE_COLUMNS)),
         ("Memory, 100k entries", memory_table(by_group(benchmarks, "bench_memory"))),
+        ("Host tier, per operation", timing_table(by_group(benchmarks, "bench_host_tier"), HOST_COLUMNS)),
     ]
     for title, lines in sections:
         print(f"### {title}\n")

@@ -4,10 +4,12 @@
 //!   eviction policies, waiting marks and statistics.
 //! - [`encoder_decoder`]: the scheduling-only variant for encoder-decoder models.
 //! - [`step`]: a scheduler step for one request (vLLM's per-item loop) in one call.
+//! - [`host_tier`]: the block cache of the host-memory tier (vLLM's `ECCPUConnector`).
 //! - `bindings` (feature `python`): the PyO3 layer behind `encoder_cache._core`.
 
 pub mod cache;
 pub mod encoder_decoder;
+pub mod host_tier;
 pub mod step;
 
 #[cfg(feature = "python")]

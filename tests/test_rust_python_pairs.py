@@ -469,7 +469,17 @@ def _everything_compared() -> str:
     seen += _mask_errors()[:1]
     # Names both sides spell because they are the API: classes, and the request's fields.
     seen += [RUST.__name__, RUST_ENC_DEC.__name__, "num_computed_tokens"]
+    # The host tier's block cache: its names and the counters encoder_cache.host_tier logs.
+    seen += [encoder_cache.HostBlockCache.__name__, "HOST_POLICIES", *encoder_cache.HostBlockCache(1).stats()]
     return "\n".join(seen)
+
+
+def test_host_tier_names_and_counters():
+    """encoder_cache.host_tier (which needs vLLM) reads these counters by name from the Rust cache."""
+    assert encoder_cache.HOST_POLICIES == encoder_cache._core.HOST_POLICIES == ("fifo", "gdsf", "s3fifo")
+    assert "HOST_POLICIES" in encoder_cache.__all__ and "HostBlockCache" in encoder_cache.__all__
+    logged = {"pins", "allocs", "alloc_failures", "evictions", "entries", "free_blocks"}
+    assert logged <= set(encoder_cache.HostBlockCache(1).stats())
 
 
 def test_every_shared_string_is_compared():

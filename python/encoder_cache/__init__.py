@@ -8,7 +8,7 @@ holds the pure-Python implementation they are checked and measured against.
 
 import importlib.metadata as _metadata
 
-from encoder_cache._core import POLICIES, EncoderCacheManager, EncoderDecoderCacheManager
+from encoder_cache._core import HOST_POLICIES, POLICIES, EncoderCacheManager, EncoderDecoderCacheManager, HostBlockCache
 from encoder_cache.budget import SchedulerConfig, compute_mm_encoder_budget
 from encoder_cache.invariants import InvariantError
 from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
@@ -19,9 +19,11 @@ except _metadata.PackageNotFoundError:  # imported from a source tree without in
     __version__ = "0+unknown"
 
 __all__ = [
+    "HOST_POLICIES",
     "POLICIES",
     "EncoderCacheManager",
     "EncoderDecoderCacheManager",
+    "HostBlockCache",
     "InvariantError",
     "MultiModalFeature",
     "PlaceholderRange",

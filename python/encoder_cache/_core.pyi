@@ -35,7 +35,16 @@ _OnMismatch = Callable[[Any, int, str, int, int], object]
 #: The eviction policies' names, the default first.
 POLICIES: tuple[str, ...]
 
-__all__ = ["POLICIES", "EncoderCacheManager", "EncoderDecoderCacheManager", "_CallFloor", "_panic_for_test"]
+__all__ = [
+    "HOST_POLICIES",
+    "POLICIES",
+    "EncoderCacheManager",
+    "EncoderDecoderCacheManager",
+    "HostBlockCache",
+    "HostCacheEntry",
+    "_CallFloor",
+    "_panic_for_test",
+]
 
 @disjoint_base
 class EncoderCacheManager:
@@ -357,3 +366,115 @@ class _CallFloor:
     def allocate(self, request: _Request, input_id: int) -> None: ...
     def free_encoder_input(self, request: _Request, input_id: int) -> None: ...
     def free(self, request: _Request) -> None: ...
+
+#: The host tier's eviction policies' names, the default first.
+HOST_POLICIES: tuple[str, ...]
+
+@final
+class HostCacheEntry:
+    """One entry of a `HostBlockCache`: the blocks holding an item's encoder
+    output in the host region. `block_ids` (ascending) and `shape` are fixed;
+    `ready` and `evictable` follow the entry's state.
+    """
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        """The entry's blocks in the host region, ascending."""
+    @property
+    def shape(self) -> tuple[int, int] | None:
+        """The encoder output's (rows, width), as given to `alloc`, or None."""
+    @property
+    def ready(self) -> bool:
+        """Whether the entry's bytes are written (`mark_ready` was called)."""
+    @property
+    def evictable(self) -> bool:
+        """Whether the entry is ready and unpinned, so an allocation may evict it."""
+
+@final
+class HostBlockCache:
+    """A fixed pool of host-memory blocks holding encoder outputs by content hash,
+    with vLLM 0.33's `EmbeddingCache` API. An entry is allocated not ready,
+    becomes ready (and evictable) with `mark_ready`, and is pinned while loads
+    read it; an allocation that lacks free blocks evicts ready, unpinned entries
+    in the `policy`'s order ("fifo", the default, is vLLM's), and fails,
+    evicting nothing, when even all of those would not make room.
+    """
+
+    def __new__(cls, num_blocks: int, *, policy: str = "fifo") -> Self: ...
+    def get(self, key: str) -> HostCacheEntry | None:
+        """Return the entry for `key` (in any state), or None if there is none."""
+    def has_held_entries(self) -> bool:
+        """Return True if any entry is not ready or pinned (a save or a load in flight)."""
+    def alloc(self, key: str, n_blocks: int, shape: tuple[int, int] | None = None) -> HostCacheEntry | None:
+        """Allocate `n_blocks` blocks for `key`, evicting as needed, and return its
+        new entry, not ready; `shape` is the encoder output (rows, width) the
+        blocks will hold. Return None, evicting nothing, if the free and
+        evictable blocks together are too few.
+
+        Raises ValueError, changing nothing, if `key` has an entry already or
+        `n_blocks` exceeds the pool, and TypeError or ValueError for an
+        `n_blocks` that is not a non-negative int or a `shape` that is not None
+        or a tuple of two non-negative ints.
+        """
+    def mark_ready(self, key: str) -> None:
+        """Mark `key`'s entry ready: its bytes are written, and it becomes evictable.
+
+        Raises KeyError if `key` has no entry, ValueError if it is ready already.
+        """
+    def pin(self, key: str) -> None:
+        """Pin `key`'s ready entry: a load reads it, so it cannot be evicted until
+        the matching `unpin`.
+
+        Raises KeyError if `key` has no entry, ValueError if it is not ready.
+        """
+    def pin_if_ready(self, key: str) -> HostCacheEntry | None:
+        """Pin `key` if its entry is ready, and return the entry; return a
+        not-ready entry without pinning it, and None if `key` has no entry.
+        """
+    def unpin(self, key: str) -> None:
+        """Release one pin of `key`'s entry; with none left it becomes evictable.
+
+        Raises KeyError if `key` has no entry, ValueError if it is not pinned.
+        """
+    def discard(self, key: str) -> None:
+        """Drop `key`'s not-ready entry (its write failed); its blocks go back to
+        the pool.
+
+        Raises KeyError if `key` has no entry, ValueError if it is ready or
+        pinned (those leave by eviction).
+        """
+    def eviction_order(self) -> list[str]:
+        """Return the keys of the evictable entries in the order the policy looks
+        at them: for "fifo" the eviction order; for "s3fifo" the never-loaded
+        lane, then the loaded one (whose entries may go round before leaving);
+        for "gdsf" by priority.
+        """
+    def keys(self) -> list[str]:
+        """Return the keys of every entry, in no particular order."""
+    def stats(self) -> dict[str, int]:
+        """Return the counters since construction: `allocs`, `alloc_failures`
+        (allocations refused for want of space), `pins`, `evictions`,
+        `evicted_blocks`, `discards`; and the fill: `entries`, `free_blocks`,
+        `evictable_blocks`.
+        """
+    def check_invariants(self) -> None:
+        """Check the bookkeeping's rules (every block free or held by exactly one
+        entry, the evictable counts, the eviction order); raise
+        `encoder_cache.InvariantError` naming the first one broken.
+        """
+    @property
+    def evictable_blocks(self) -> int:
+        """The blocks that evictions could free now (those of ready, unpinned entries)."""
+    @property
+    def policy(self) -> str:
+        """The eviction policy's name, one of `encoder_cache.HOST_POLICIES`."""
+    @property
+    def num_blocks(self) -> int:
+        """The number of blocks in the pool."""
+    @property
+    def free_blocks(self) -> list[int]:
+        """The free blocks, in the order they are pushed back (the last is handed
+        out first). A fresh list.
+        """
+    def __len__(self) -> int: ...
+    def __contains__(self, key: str, /) -> bool: ...

@@ -367,3 +367,16 @@ class Scheduler(_StepLevelEncoderInputs, _VllmScheduler):
 
 class AsyncScheduler(_StepLevelEncoderInputs, _VllmAsyncScheduler):
     """vLLM's ``AsyncScheduler`` (async scheduling, the default) with the Rust encoder-input steps."""
+
+
+# The host-tier connector (encoder_cache.host_tier), loaded on first use since it imports vLLM's
+# connector modules; not in __all__ for that reason.
+_HOST_TIER_NAMES = ("ECCPUConnector", "HostTierConnector")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOST_TIER_NAMES:
+        from encoder_cache import host_tier
+
+        return getattr(host_tier, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

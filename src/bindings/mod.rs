@@ -11,12 +11,14 @@
 //! - `calls`, `step`: the per-call and the step-level methods' reads;
 //! - `methods`: the methods both manager classes share;
 //! - `manager`, `encoder_decoder`: the two manager classes;
-//! - `floor`: `_CallFloor`, a benchmark aid.
+//! - `floor`: `_CallFloor`, a benchmark aid;
+//! - `host_tier`: the host tier's block cache (uses none of the above).
 
 mod calls;
 mod encoder_decoder;
 mod errors;
 mod floor;
+mod host_tier;
 mod manager;
 mod methods;
 mod modality;
@@ -50,6 +52,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyEncoderCacheManager>()?;
     m.add_class::<encoder_decoder::PyEncoderDecoderCacheManager>()?;
     m.add_class::<floor::CallFloor>()?;
+    m.add_class::<host_tier::PyHostBlockCache>()?;
+    m.add_class::<host_tier::PyHostCacheEntry>()?;
+    m.add("HOST_POLICIES", PyTuple::new(m.py(), host_tier::policy_names())?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add("POLICIES", PyTuple::new(m.py(), crate::cache::Policy::NAMES)?)?;
     Ok(())
