@@ -13,7 +13,17 @@ import encoder_cache
 
 PACKAGE = Path(encoder_cache.__file__).resolve().parent
 #: The modules vLLM serving imports; the twin and the simulator are tools beside them.
-RUNTIME = ["__init__.py", "budget.py", "invariants.py", "request.py", "step_api.py", "vllm.py"]
+RUNTIME = [
+    "__init__.py",
+    "budget.py",
+    "invariants.py",
+    "request.py",
+    "step_api.py",
+    "vllm.py",
+    "observed.py",
+    "metrics.py",
+    *(f"events/{path.name}" for path in sorted((PACKAGE / "events").glob("*.py"))),
+]
 
 
 def test_the_namespace_is_the_public_api():

@@ -152,12 +152,12 @@ def test_without_caching_nothing_is_found():
 
 def test_block_hashes_chain_over_the_prefix_and_items():
     items = (Item("img", 20, 40, "image"),)
-    a = BlockHasher([(0, 100, "r1")], items, BLOCK_SIZE).upto(6)
-    same = BlockHasher([(0, 100, "r1")], items, BLOCK_SIZE).upto(6)
+    a = BlockHasher([(0, 100, "r1", 0)], items, BLOCK_SIZE).upto(6)
+    same = BlockHasher([(0, 100, "r1", 0)], items, BLOCK_SIZE).upto(6)
     assert a == same and len(set(a)) == 6
-    other_image = BlockHasher([(0, 100, "r1")], (Item("pic", 20, 40, "image"),), BLOCK_SIZE).upto(6)
+    other_image = BlockHasher([(0, 100, "r1", 0)], (Item("pic", 20, 40, "image"),), BLOCK_SIZE).upto(6)
     assert other_image[0] == a[0], "block 0 (tokens 0-15) holds no placeholder"
     assert other_image[1] != a[1], "block 1 holds the image's placeholders: its identifier counts"
     assert other_image[5] != a[5], "every later block differs through the chain"
-    inherited = BlockHasher([(0, 64, "r1"), (64, 100, "r2")], items, BLOCK_SIZE).upto(6)
+    inherited = BlockHasher([(0, 64, "r1", 0), (64, 100, "r2", 64)], items, BLOCK_SIZE).upto(6)
     assert inherited[:4] == a[:4] and inherited[4] != a[4]

@@ -144,7 +144,8 @@ def test_export_and_replay_through_the_command(tmp_path, capsys):
     assert main([*common, "--export-trace", str(path), "--workload", "chat", "--requests", "30"]) == 0
     assert capsys.readouterr().out == f"wrote 30 requests to {path} (0.05 s per step)\n"
     first = json.loads(path.read_text().splitlines()[0])
-    assert set(first) >= {"t", "session", "prompt_tokens", "output_tokens", "items"}
+    assert set(first) >= {"t", "session", "prompt", "output_tokens"}
+    assert first["prompt"][0] == {"text": "system", "tokens": 64}, "the deployment's system prompt, by content"
     assert main([*common, "--workload", "chat", "--requests", "30"]) == 0
     generated = json.loads(capsys.readouterr().out)
     assert main([*common, "--trace", str(path)]) == 0

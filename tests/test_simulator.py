@@ -22,7 +22,7 @@ from encoder_cache.simulator import (
 )
 from encoder_cache.simulator import oracle as oracle_module
 from encoder_cache.simulator import variants as variants_module
-from encoder_cache.simulator.engine import shared_prefix
+from encoder_cache.simulator.prompts import shared_prefix
 from encoder_cache.simulator.variants import supports_lookahead
 from encoder_cache.simulator.workloads import Item, RequestSpec
 

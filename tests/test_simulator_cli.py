@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +40,9 @@ def test_default_run_leads_with_the_policies_then_sweeps_and_recommends(capsys):
     assert "Encoded embeddings by encoder-cache size" in out
     for size in ("8,192", "32,768", "131,072", "unbounded"):
         assert any(line.startswith(size) for line in lines), size
-    assert lines[-1].startswith("Recommendation: ")
+    recommendation = next(i for i, line in enumerate(lines) if line.startswith("Recommendation: "))
+    assert json.loads(lines[-1].removeprefix("manager_config: "))["cache_size"] > 0, "it ends with the config to paste"
+    assert lines[recommendation:-1], "between them: which lever matters"
 
 
 def test_json_has_every_run_and_separates_counters_from_timings(capsys):
@@ -54,7 +58,7 @@ def test_json_has_every_run_and_separates_counters_from_timings(capsys):
         (n, s) for n in names for s in (4096, 16384)
     }
     assert first["unbounded"]["counters"]["recomputed_embeds"] == 0
-    assert first["recommendation"]["size"] in (4096, 16384)
+    assert first["recommendation"]["size"] in {r["encoder_cache_size"] for r in first["search"]} | {8192}
     for a, b in zip(first["headline"] + first["sweep"], second["headline"] + second["sweep"]):
         assert a["counters"] == b["counters"]
         assert set(a["timings"]) == {"bookkeeping_seconds", "bookkeeping_us_per_step", "wall_seconds"}
@@ -286,6 +290,164 @@ def test_end_to_end_command(tmp_path):
 def test_cache_sizes_lists_and_ranges():
     from encoder_cache.simulator.options import _sizes
 
-    assert _sizes("8192,2048,8192") == [2048, 8192]
-    assert _sizes("2048:131072:4") == [2048, 8192, 32768, 131072]
-    assert _sizes("1000:4000") == [1000, 2000, 4000]
+    assert _sizes("8192,2048,8192").embeds(7168) == [2048, 8192]
+    assert _sizes("2048:131072:4").embeds(7168) == [2048, 8192, 32768, 131072]
+    assert _sizes("1000:4000").embeds(7168) == [1000, 2000, 4000]
+
+
+def test_cache_sizes_in_memory_units_convert_with_hidden_size_and_dtype():
+    from encoder_cache.simulator.options import _sizes
+
+    assert _sizes("512MiB,2GiB").embeds(3584 * 2) == [(512 << 20) // 7168, (2 << 30) // 7168]
+    assert _sizes("1GB").embeds(1000) == [1_000_000]
+    assert _sizes("64MiB:256MiB").embeds(4096 * 4) == [4096, 8192, 16384]
+
+
+def test_cache_sizes_in_memory_reach_the_run(capsys):
+    argv = ["--json", "--policy", "vllm", "--no-lookahead", "--hidden-size", "1024", "--dtype", "float32"]
+    _, out, _ = simulate(capsys, *argv, "--cache-sizes", "16MiB,64MiB")
+    sizes = {r["encoder_cache_size"] for r in json.loads(out)["sweep"]}
+    assert sizes == {4096, 16384}, "16 MiB / (1024 x 4 bytes) = 4,096 embeddings"
+    code, _, err = simulate(capsys, "--cache-sizes", "1KiB", "--hidden-size", "1024")
+    assert code == 2 and "--cache-sizes: every size must hold at least one embedding" in err
+
+
+def test_the_recommendation_does_not_depend_on_the_sizes_swept(capsys):
+    common = ["--json", "--workload", "popular", "--requests", "60", "--policy", "vllm,s3fifo"]
+    results = []
+    for sizes in (None, "4096,16384", "3000:300000:10", "1GiB"):
+        _, out, _ = simulate(capsys, *common, *(["--cache-sizes", sizes] if sizes else []))
+        data = json.loads(out)
+        results.append((data["recommendation"], data["recommendation_text"]))
+        assert data["recommendation_text"].splitlines()[-1] == (
+            "manager_config: " + json.dumps(data["recommendation"]["manager_config"])
+        )
+    assert all(r == results[0] for r in results)
+
+
+def test_best_policy_and_recommendation_say_when_lookahead_needs_the_scheduler(capsys):
+    from encoder_cache.simulator import RunResult, SchedulerLimits, Variant
+    from encoder_cache.simulator.cost import EncoderCost
+    from encoder_cache.simulator.report import Report
+    from encoder_cache.simulator.results import Counters
+
+    def result(variant, size, encoded):
+        return RunResult(variant, 8192, size, Counters(encoded_embeds=encoded, encoded_items=1), 0.0, 0.0)
+
+    lookahead = Variant("s3fifo", True)
+    report = Report("hand-made", SchedulerLimits(), EncoderCost(), 2, "test", 8192)
+    report.headline = [result(Variant(), 8192, 1000), result(lookahead, 8192, 900)]
+    report.unbounded = result(Variant(), 1 << 40, 880)
+    report.search = [result(Variant(), 4096, 1500), result(lookahead, 4096, 1200)]
+    text = report.text()
+    assert "Best policy here: s3fifo+lookahead (lookahead: needs vLLM's --scheduler-cls" in text
+    lines = text.splitlines()
+    assert lines[-2].startswith("Lookahead needs vLLM started with --scheduler-cls encoder_cache.vllm.AsyncScheduler")
+    assert lines[-1] == 'manager_config: {"cache_size": 8192, "policy": "s3fifo", "lookahead": true}'
+    assert report.to_json({})["best_policy_needs_scheduler_cls"] is True
+
+
+def test_vs_unbounded_names_the_policy_it_shows(capsys):
+    _, out, _ = simulate(capsys, "--workload", "popular", "--policy", "vllm,s3fifo", "--no-lookahead")
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("cache size"))
+    assert header.endswith("best policy vs unbounded")
+    rows = [line for line in lines if line[:1].isdigit() and "miss" in line]
+    assert rows and all(line.split()[-1] in ("vllm", "s3fifo") for line in rows)
+
+
+def test_a_text_only_trace_gives_one_message(tmp_path, capsys):
+    path = tmp_path / "text.jsonl"
+    path.write_text(
+        '{"t": 0, "prompt_tokens": 50, "output_tokens": 5, "items": []}\n'
+        '{"t": 1, "output_tokens": 5, "prompt": [{"text": "system", "tokens": 40}]}\n'
+    )
+    code = main(["simulate", "--no-progress", "--trace", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == ""
+    assert out.splitlines() == [
+        "trace text.jsonl: 2 requests, 50 ms per step: no request has a multimodal item, "
+        "so the encoder cache has nothing to do and there is nothing to compare."
+    ]
+
+
+def test_plot_formats_agree_between_help_error_and_docs(capsys):
+    from encoder_cache.simulator.options import PLOT_FORMATS
+
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "format: " + ", ".join(PLOT_FORMATS) + " (default .png" in help_text
+    code, _, err = simulate(capsys, "--plot", "out.gif")
+    assert code == 2 and "use one of ." + ", .".join(PLOT_FORMATS) in err
+    docs = (Path(__file__).parent.parent / "docs" / "simulator.md").read_text()
+    assert "`--plot PATH` (" + ", ".join(PLOT_FORMATS) + ")" in docs
+
+
+def test_the_plot_hint_points_at_the_checkout_not_pypi(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    code, _, err = simulate(capsys, "--plot", "out.png")
+    assert code == 2 and "pip install matplotlib" in err and "encoder-cache checkout" in err
+    assert "pip install 'encoder-cache[plot]'" not in err
+
+
+def test_ctrl_c_exits_cleanly_without_a_traceback(tmp_path):
+    script = (
+        "import os, signal, threading, sys\n"
+        "from encoder_cache.__main__ import main\n"
+        "threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+        "sys.exit(main(['simulate', '--requests', '10000000', '--no-progress', '--jobs', '2']))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 130
+    assert "Traceback" not in run.stderr and run.stderr.strip() == "encoder_cache simulate: interrupted"
+
+
+def test_the_report_says_what_the_prefix_cache_serves_and_which_lever_matters(capsys):
+    _, out, _ = simulate(capsys, "--json", "--workload", "video", "--requests", "40", "--policy", "vllm")
+    data = json.loads(out)
+    counters = data["headline"][0]["counters"]
+    occurrences = counters["prefix_skipped_items"] + counters["cache_hits"] + counters["encoded_items"]
+    assert counters["item_occurrences"] == occurrences > 0
+    assert counters["prefix_served_share"] == counters["prefix_skipped_items"] / occurrences > 0.3
+    without = data["no_prefix_caching"]
+    assert without["variant"]["policy"] == "vllm" and without["encoder_cache_size"] == 8192
+    assert without["counters"]["prefix_skipped_items"] == 0
+    assert without["counters"]["encoded_embeds"] > counters["encoded_embeds"]
+    text = data["recommendation_text"]
+    assert f"The KV prefix cache serves {counters['prefix_served_share']:.0%} of item occurrences" in text
+    assert "the prefix cache is the first lever here" in text
+
+
+def _slow_engine(workload, limits, variant, *, cache_size, cost, check, progress=None):
+    from encoder_cache.simulator import Counters, RunResult
+
+    for done in range(10, 50, 10):
+        time.sleep(0.15)
+        if progress is not None:
+            progress(done)
+    return RunResult(variant, 1, cache_size, Counters(requests=workload.num_requests), 0.0, 0.0)
+
+
+class _RecordingBar:
+    def __init__(self) -> None:
+        self.total, self.done, self.label, self.seen = 100, 0, "", []
+
+    def update(self, done: int) -> None:
+        self.seen.append(self.done + done)
+
+
+def test_runs_in_worker_processes_report_progress_as_they_go():
+    from types import SimpleNamespace
+
+    from encoder_cache.simulator import SchedulerLimits, Variant
+    from encoder_cache.simulator.cost import EncoderCost
+    from encoder_cache.simulator.sweep import Runner
+
+    bar = _RecordingBar()
+    runner = Runner(SimpleNamespace(num_requests=50), SchedulerLimits(), EncoderCost(), False, 2, bar, _slow_engine)
+    results = runner.run([(Variant(), 1000), (Variant(), 2000)])
+    assert [r.encoder_cache_size for r in results] == [1000, 2000]
+    assert bar.done == 100
+    assert any(v % 50 for v in bar.seen), "requests finished inside a run show before the run ends"
+    assert max(bar.seen) <= 100

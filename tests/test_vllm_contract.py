@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 import encoder_cache
+import encoder_cache.observed
 from encoder_cache import MultiModalFeature, PlaceholderRange, Request, reference
 
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
@@ -246,7 +247,7 @@ def test_hook_takes_every_option(monkeypatch, caplog):
 def test_hook_logs_the_counters_every_interval(monkeypatch, caplog):
     hook = _install_vllm(monkeypatch)
     clock = [100.0]
-    monkeypatch.setattr(hook.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(encoder_cache.observed.time, "monotonic", lambda: clock[0])
     manager = hook.EncoderCacheManager.create_manager(
         cache_size=64, vllm_config=_config(options={"log_stats_interval": 30})
     )
@@ -268,6 +269,10 @@ def test_hook_refuses_policy_options_for_an_encoder_decoder_model(monkeypatch):
     with pytest.raises(ValueError, match="encoder-decoder model"):
         hook.EncoderCacheManager.create_manager(
             cache_size=4, vllm_config=_config(options={"policy": "gdsf"}, enc_dec=True)
+        )
+    with pytest.raises(ValueError, match="events_endpoint"):
+        hook.EncoderCacheManager.create_manager(
+            cache_size=4, vllm_config=_config(options={"events_endpoint": "ipc:///tmp/unused"}, enc_dec=True)
         )
     sized = hook.EncoderCacheManager.create_manager(
         cache_size=4, vllm_config=_config(options={"cache_size": 9}, enc_dec=True)

@@ -111,4 +111,16 @@ def test_lookahead_under_vllms_own_scheduler_is_refused_at_startup(model, async_
 def test_stock_manager_classes_are_untouched(model):
     scheduler = harness.build_scheduler("stock", model, SETUP)
     assert not isinstance(scheduler.encoder_cache_manager, encoder_cache.EncoderCacheManager)
-    assert hook.OPTION_KEYS == ("cache_size", "cache_gib", "policy", "lookahead", "log_stats_interval")
+    assert hook.OPTION_KEYS == (
+        "cache_size",
+        "cache_gib",
+        "policy",
+        "lookahead",
+        "log_stats_interval",
+        "metrics_port",
+        "metrics_host",
+        "events_endpoint",
+        "events_replay_endpoint",
+        "events_topic",
+        "events_buffer_steps",
+    )

@@ -23,11 +23,11 @@ import contextvars
 import logging
 import math
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import encoder_cache._core as _core
+from encoder_cache.observed import OBSERVE_KEYS, ObserveOptions, observed_class
 from encoder_cache.step_api import StepResult
 
 SUPPORTED_SERIES = "0.33"
@@ -71,7 +71,7 @@ __all__ = [
 
 
 #: The ``manager_config`` keys ``EncoderCacheManager`` takes (see ``ManagerOptions``).
-OPTION_KEYS = ("cache_size", "cache_gib", "policy", "lookahead", "log_stats_interval")
+OPTION_KEYS = ("cache_size", "cache_gib", "policy", "lookahead", "log_stats_interval", *OBSERVE_KEYS)
 
 # A child of vLLM's "vllm" logger, so its lines go where vLLM's own go.
 _logger = logging.getLogger("vllm.encoder_cache")
@@ -100,6 +100,8 @@ class ManagerOptions:
       so the manager refuses it under any other scheduler.
     - ``log_stats_interval``: seconds between the cache's log lines (hits,
       misses, re-encodes, evictions); 0 turns them off (default 60).
+    - ``observe``: the Prometheus and cache-event keys (``metrics_port``,
+      ``events_endpoint``, ...; see ``encoder_cache.observed.ObserveOptions``).
     """
 
     cache_size: int | None = None
@@ -107,6 +109,7 @@ class ManagerOptions:
     policy: str = "vllm"
     lookahead: bool = False
     log_stats_interval: float = 60.0
+    observe: ObserveOptions = ObserveOptions()
 
     @classmethod
     def parse(cls, options: Any) -> ManagerOptions:
@@ -133,7 +136,8 @@ class ManagerOptions:
         interval = options.get("log_stats_interval", 60.0)
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < math.inf:
             raise ValueError(f"manager_config log_stats_interval must be a number of seconds >= 0, got {interval!r}")
-        return cls(size, None if gib is None else float(gib), policy, lookahead, float(interval))
+        observe = ObserveOptions.parse(options)
+        return cls(size, None if gib is None else float(gib), policy, lookahead, float(interval), observe)
 
 
 def embed_bytes(vllm_config: Any) -> int:
@@ -170,36 +174,33 @@ class EncoderCacheManager(_core.EncoderCacheManager):
         elif options.cache_gib is not None:
             size = max(1, int(options.cache_gib * 2**30 // per_embed))
         if vllm_config.model_config.is_encoder_decoder:
-            if options.policy != "vllm" or options.lookahead:
+            if options.policy != "vllm" or options.lookahead or options.observe.events_endpoint is not None:
                 raise ValueError(
-                    "manager_config policy and lookahead apply to models whose encoder outputs are shared; "
-                    "an encoder-decoder model's are not: leave them out"
+                    "manager_config policy, lookahead and events_endpoint apply to models whose encoder outputs "
+                    "are shared; an encoder-decoder model's are not: leave them out"
                 )
             return _core.EncoderDecoderCacheManager(size)
         if options.lookahead and not _building_marking_scheduler.get():
             raise ValueError(LOOKAHEAD_NEEDS_SCHEDULER)
-        manager = (_StatsLoggingManager if options.log_stats_interval > 0 else cls)(size, policy=options.policy)
+        observers = options.observe.observers(
+            engine=int(getattr(getattr(vllm_config, "parallel_config", None), "data_parallel_index", 0) or 0),
+            model_name=str(getattr(vllm_config.model_config, "served_model_name", "") or ""),
+            log=_log_stats,
+            log_interval=options.log_stats_interval,
+            announce=_logger.info,
+        )
+        if observers.log is None and observers.metrics is None and observers.publisher is None:
+            manager = cls(size, policy=options.policy)
+        else:
+            manager = observed_class(cls, events=observers.publisher is not None)(size, policy=options.policy)
+            manager.observers = observers
         manager.lookahead = options.lookahead
-        if options.log_stats_interval > 0:
-            manager.log_stats_interval = options.log_stats_interval
         _log_capacity(size, cache_size, per_embed, options)
         return manager
 
 
-class _StatsLoggingManager(EncoderCacheManager):
-    """``EncoderCacheManager`` that logs its counters every ``log_stats_interval`` seconds,
-    checked once per scheduler step (when the scheduler collects the step's evictions)."""
-
-    log_stats_interval: float = 60.0
-    _next_log: float = 0.0
-
-    def get_freed_mm_hashes(self) -> list[str]:
-        now = time.monotonic()
-        if now >= self._next_log:
-            if self._next_log:
-                _logger.info("%s", stats_line(self.stats()))
-            self._next_log = now + self.log_stats_interval
-        return super().get_freed_mm_hashes()
+def _log_stats(stats: dict[str, Any]) -> None:
+    _logger.info("%s", stats_line(stats))
 
 
 def stats_line(stats: dict[str, Any]) -> str:
@@ -359,6 +360,12 @@ class _StepLevelEncoderInputs:
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         self._drained.discard(request.request_id)
         return super()._free_request(request, *args, **kwargs)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        observers = getattr(self.encoder_cache_manager, "observers", None)
+        if observers is not None:
+            observers.close()  # sends what the event publisher holds, then closes its sockets
 
 
 class Scheduler(_StepLevelEncoderInputs, _VllmScheduler):

@@ -5,8 +5,11 @@ encoder work, its GPU time, and the bookkeeping's CPU time.
 
 The modules, each one thing:
 
-- ``workloads``: the built-in traffic generators and the request description
-  (``RequestSpec``); ``trace``: an operator's traffic as JSON lines.
+- ``spec``: what a request is (``RequestSpec``, its prompt's segments);
+  ``workloads``: the built-in traffic generators; ``trace``: an operator's
+  traffic as JSON lines.
+- ``prompts``: a request's token identity (runs of content) and its concrete
+  token ids (``materialize``), the same for every engine.
 - ``arrivals``: when each request reaches the waiting queue (open loop, or a
   session turn after its think time); any engine can drive it.
 - ``variants``: the manager configurations compared (policy, lookahead,
@@ -17,7 +20,7 @@ The modules, each one thing:
   invariants ``check=True`` verifies; ``oracle``: Belady's rule.
 - ``results``: what a run reports (``Counters``, ``RunResult``), whichever
   engine ran it; ``cost``: the encoder time model.
-- ``report``: tables, recommendation, JSON and plot from the runs;
+- ``report``: tables, recommendation and JSON from the runs; ``plot``;
   ``sweep``: which runs an invocation makes, through any engine.
 - ``options``, ``progress``, ``cli``: the command line.
 """

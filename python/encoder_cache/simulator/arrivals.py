@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
-from encoder_cache.simulator.workloads import RequestSpec
+from encoder_cache.simulator.spec import RequestSpec
 
 __all__ = ["Arrivals"]
 

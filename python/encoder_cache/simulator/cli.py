@@ -30,8 +30,9 @@ from encoder_cache.simulator.options import (
     flagged,
     given,
 )
+from encoder_cache.simulator.plot import plot
 from encoder_cache.simulator.progress import Progress
-from encoder_cache.simulator.report import Report, plot
+from encoder_cache.simulator.report import Report
 from encoder_cache.simulator.results import SimulationError
 from encoder_cache.simulator.sweep import Engine, Runner, fill, planned_runs
 from encoder_cache.simulator.trace import TraceError, TraceWorkload, write_trace
@@ -42,7 +43,7 @@ from encoder_cache.simulator.variants import (
     available_policies,
     supports_lookahead,
 )
-from encoder_cache.simulator.workloads import WorkloadConfig, generate
+from encoder_cache.simulator.workloads import KEEP_IN_MEMORY, WorkloadConfig, generate
 
 __all__ = ["PROG", "UsageError", "add_arguments", "main", "run"]
 
@@ -193,9 +194,10 @@ def _workload(args: argparse.Namespace, step_seconds: float) -> Any:
 
 
 def _max_tokens(workload: Any) -> int:
+    """The longest request's tokens, or 0 when a streamed workload does not know (the run checks each)."""
     if isinstance(workload, TraceWorkload):
         return workload.scan.max_tokens
-    return max((s.total_tokens for s in workload.specs), default=0)
+    return workload.max_tokens() or 0
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> Report | None:
@@ -239,11 +241,21 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise UsageError("--plot needs matplotlib: pip install 'encoder-cache[plot]'") from None
+            raise UsageError(
+                "--plot needs matplotlib: pip install matplotlib (or, in the encoder-cache checkout, "
+                "pip install -e '.[plot]')"
+            ) from None
         plot_path = _writable_file("--plot", args.plot, PLOT_FORMATS)
     if args.cache_sizes is not None and args.no_sweep:
         raise UsageError("--no-sweep and --cache-sizes contradict each other: give one")
+    cache_sizes = None
+    if args.cache_sizes is not None:
+        try:
+            cache_sizes = args.cache_sizes.embeds(bytes_per_embed)
+        except ValueError as exc:
+            raise UsageError(f"--cache-sizes: {exc} (at {bytes_per_embed:,} bytes per embedding, {basis})") from None
     workload = _workload(args, step_seconds)
+    notes: list[str] = []
     largest = _max_tokens(workload)
     if largest > limits.kv_tokens:
         raise UsageError(
@@ -258,6 +270,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         return None
 
     description = workload.describe()
+    if not workload.max_embeds_per_item():
+        out.write(
+            f"{description}: no request has a multimodal item, so the encoder cache has nothing to do "
+            "and there is nothing to compare.\n"
+        )
+        return None
+    if args.policy is None and workload.num_requests > KEEP_IN_MEMORY:
+        variants = [v for v in variants if v.policy != "oracle"]
+        notes.append(
+            f"(the oracle is left out above {KEEP_IN_MEMORY:,} requests: it keeps every item occurrence in "
+            "memory; --policy oracle asks for it)"
+        )
     _, default_size = limits.encoder_budget(workload.max_embeds_per_item())
     report = Report(
         description,
@@ -268,12 +292,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         default_size,
         behaviour=args.behaviour is not None,
         engine=args.engine,
+        notes=notes,
     )
     sweep = not args.no_sweep and args.behaviour is None
     explicit = args.cache_sizes is not None
-    sizes: list[int | None] = [
-        None if s == default_size else s for s in (args.cache_sizes if explicit else DEFAULT_SIZES)
-    ]
+    sizes: list[int | None] = [None if s == default_size else s for s in (cache_sizes or DEFAULT_SIZES)]
     bar = None
     if not args.no_progress and err.isatty():
         total = planned_runs(len(variants), len(sizes), sweep, explicit)
@@ -312,4 +335,7 @@ def main(args: argparse.Namespace) -> int:
     except SimulationError as exc:
         print(f"{PROG}: simulation failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
     return 0

@@ -20,7 +20,7 @@ manager from ``variants.py``; the result is a ``results.RunResult``.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
@@ -32,11 +32,15 @@ from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.ledger import Ledger
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE, BlockHasher, BlockPool
+from encoder_cache.simulator.prompts import Prompts, Run
 from encoder_cache.simulator.results import Counters, RunResult, SimulationError
+from encoder_cache.simulator.spec import Answer, RequestSpec
 from encoder_cache.simulator.variants import Variant
-from encoder_cache.simulator.workloads import RequestSpec
 
-__all__ = ["shared_prefix", "simulate"]
+__all__ = ["simulate"]
+
+#: How many sessions' last requests are kept to reuse their block hashes.
+RECENT_SESSIONS = 256
 
 
 class _Live:
@@ -52,7 +56,6 @@ class _Live:
         "num_cached",
         "num_output",
         "num_tokens",
-        "origins",
         "placeholders",
         "request",
         "served",
@@ -62,7 +65,7 @@ class _Live:
         "status",
     )
 
-    def __init__(self, spec: RequestSpec, origins: list[tuple[int, int, str]]) -> None:
+    def __init__(self, spec: RequestSpec, runs: list[Run]) -> None:
         self.spec = spec
         features = [
             MultiModalFeature(item.identifier, PlaceholderRange(item.offset, item.length), item.modality)
@@ -74,8 +77,7 @@ class _Live:
         self.served = [False] * len(features)  # encoded, hit or in the cached prefix since the (re)start
         self.starts = [item.offset for item in spec.items]
         self.ends = [item.offset + item.length for item in spec.items]
-        self.origins = origins
-        self.hasher = BlockHasher(origins, spec.items, BLOCK_SIZE)
+        self.hasher = BlockHasher(runs, spec.items, BLOCK_SIZE)
         self.blocks: list[int] = []
         self.num_cached = 0  # leading blocks keyed in the prefix cache
         self.drained = False  # every encoder input it could hold is freed (until a restart)
@@ -87,23 +89,6 @@ class _Live:
         self.placeholders = 0
         self.in_flight = 0
         self.stale = 0
-
-
-def shared_prefix(previous: RequestSpec, spec: RequestSpec) -> int:
-    """How many leading tokens ``spec`` shares with ``previous``'s prompt and
-    answer: up to the shorter of the two, cut before the first item that is not
-    at the same place in both."""
-    limit = min(previous.total_tokens, spec.prompt_tokens)
-    a_items, b_items = previous.items, spec.items
-    j = 0
-    while True:
-        a = a_items[j] if j < len(a_items) and a_items[j].offset < limit else None
-        b = b_items[j] if j < len(b_items) and b_items[j].offset < limit else None
-        if a is None and b is None:
-            return limit
-        if a != b:
-            return max(0, min(x.offset - 1 for x in (a, b) if x is not None))
-        j += 1
 
 
 _WAITING, _RUNNING, _PREEMPTED = 0, 1, 2
@@ -152,8 +137,9 @@ class _Run:
         self.running: list[_Live] = []
         self.waiting: deque[_Live] = deque()
         self.arrivals = Arrivals(specs)
-        #: Each session's last arrived request: its prompt is the next turn's prefix.
-        self.last_turn: dict[str, _Live] = {}
+        self.prompts = Prompts()
+        #: Recent sessions' last requests: a turn reuses its prefix's block hashes (a bounded cache, not state).
+        self.recent: OrderedDict[str, tuple[RequestSpec, list[int]]] = OrderedDict()
         self.ledger = Ledger(self.counters, cost, observer)
 
     # Arrivals
@@ -163,25 +149,29 @@ class _Run:
             self._arrive(spec)
 
     def _arrive(self, spec: RequestSpec) -> None:
-        """``spec`` enters the waiting queue; a session turn inherits its prefix's token identity."""
-        origins = [(0, spec.total_tokens, spec.request_id)]
-        live = None
-        if spec.session is not None:
-            previous = self.last_turn.get(spec.session)
-            shared = 0
-            if previous is not None:
-                shared = shared_prefix(previous.spec, spec)
-                if shared:
-                    origins = [(s, min(e, shared), k) for s, e, k in previous.origins if s < shared]
-                    origins.append((shared, spec.total_tokens, spec.request_id))
-            live = self.last_turn[spec.session] = _Live(spec, origins)
-            if shared:
-                # Full blocks inside the shared prefix hash as the previous turn's did.
-                live.hasher.hashes = previous.hasher.hashes[: shared // BLOCK_SIZE]  # type: ignore[union-attr]
-        if live is None:
-            live = _Live(spec, origins)
+        """``spec`` enters the waiting queue."""
+        live = _Live(spec, self.prompts.runs(spec))
+        if spec.session is not None and spec.segments is not None:
+            self._reuse_hashes(live)
         self.ledger.arrived(spec)
         self.waiting.append(live)
+
+    def _reuse_hashes(self, live: _Live) -> None:
+        """A session turn extending its previous turn hashes that turn's prompt and answer alike:
+        take the full blocks' hashes it has already computed."""
+        spec, recent = live.spec, self.recent
+        assert spec.session is not None and spec.segments is not None
+        last = recent.pop(spec.session, None)
+        if last is not None:
+            previous, hashes = last
+            n = len(previous.segments)  # type: ignore[arg-type]
+            if spec.segments[n : n + 1] == (Answer(previous.request_id, previous.output_tokens),) and (
+                spec.segments[:n] == previous.segments
+            ):
+                live.hasher.hashes = hashes[: previous.total_tokens // BLOCK_SIZE]
+        recent[spec.session] = (spec, live.hasher.hashes)  # the list the hasher goes on filling
+        if len(recent) > RECENT_SESSIONS:
+            recent.popitem(last=False)
 
     def _sync_marks(self) -> None:
         """Lookahead: mark the waiting queue's requests, as ``encoder_cache.vllm``'s

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from encoder_cache.simulator.cost import DEFAULT_PER_EMBED_SQ_US, DEFAULT_PER_EMBED_US
@@ -21,6 +21,8 @@ __all__ = [
     "FLAGS",
     "MAX_EXTRA_SIZES",
     "PLOT_FORMATS",
+    "Memory",
+    "Sizes",
     "add_arguments",
     "flagged",
     "given",
@@ -86,31 +88,98 @@ def _names(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _sizes(text: str) -> list[int]:
-    """``A,B,C`` or ``MIN:MAX`` (doubling from MIN up to MAX) or ``MIN:MAX:FACTOR``."""
+_UNITS = {
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A cache size given in bytes (``512MiB``): embeddings once the bytes per embedding are known."""
+
+    bytes: int
+
+    def embeds(self, bytes_per_embed: int) -> int:
+        return self.bytes // bytes_per_embed
+
+
+def _size(text: str) -> int | Memory:
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(text)
+    number, unit = match.groups()
+    if unit is None:
+        if "." in number:
+            raise ValueError(text)
+        return int(number)
+    return Memory(int(float(number) * _UNITS[unit.lower()]))
+
+
+def resolve(value: int | Memory, bytes_per_embed: int) -> int:
+    return value.embeds(bytes_per_embed) if isinstance(value, Memory) else value
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """``--cache-sizes``: a list, or a range from MIN to MAX by FACTOR; in
+    embeddings or in memory (``512MiB``, ``2GiB``), converted with the bytes per embedding."""
+
+    values: tuple[int | Memory, ...] = ()
+    lo: int | Memory | None = None
+    hi: int | Memory | None = None
+    factor: float = 2.0
+
+    def embeds(self, bytes_per_embed: int) -> list[int]:
+        if self.lo is None or self.hi is None:
+            sizes = [resolve(v, bytes_per_embed) for v in self.values]
+        else:
+            lo, hi = resolve(self.lo, bytes_per_embed), resolve(self.hi, bytes_per_embed)
+            if hi < lo:
+                raise ValueError(f"MAX ({hi:,} embeddings) is below MIN ({lo:,} embeddings)")
+            sizes, size = [], float(lo)
+            while size <= hi * (1 + 1e-9) and len(sizes) < 64:
+                sizes.append(round(size))
+                size *= self.factor
+        if not sizes or min(sizes) <= 0:
+            raise ValueError(
+                f"every size must hold at least one embedding ({bytes_per_embed:,} bytes), got {min(sizes, default=0)}"
+            )
+        return sorted(set(sizes))
+
+
+def _sizes(text: str) -> Sizes:
+    """``A,B,C`` or ``MIN:MAX`` (doubling from MIN up to MAX) or ``MIN:MAX:FACTOR``; each an
+    embedding count or a memory size (``512MiB``, ``2GiB``, ``1.5GB``)."""
+    expected = f"expected A,B,C or MIN:MAX[:FACTOR], each in embeddings or memory (512MiB, 2GiB), got {text!r}"
     if ":" in text:
         parts = text.split(":")
         try:
-            lo, hi = int(parts[0]), int(parts[1])
+            lo, hi = _size(parts[0]), _size(parts[1])
             factor = _float(parts[2]) if len(parts) == 3 else 2.0
         except (ValueError, IndexError, argparse.ArgumentTypeError):
-            raise argparse.ArgumentTypeError(f"expected A,B,C or MIN:MAX[:FACTOR], got {text!r}") from None
-        if len(parts) > 3 or lo <= 0 or hi < lo or factor <= 1:
+            raise argparse.ArgumentTypeError(expected) from None
+        same_units = isinstance(lo, Memory) == isinstance(hi, Memory)
+        low, high = (lo.bytes, hi.bytes) if isinstance(lo, Memory) and isinstance(hi, Memory) else (lo, hi)
+        if len(parts) > 3 or factor <= 1 or (same_units and (not 0 < low <= high)):  # type: ignore[operator]
             raise argparse.ArgumentTypeError(
                 f"expected MIN:MAX[:FACTOR] with 0 < MIN <= MAX and FACTOR > 1, got {text!r}"
             )
-        sizes, size = [], float(lo)
-        while size <= hi * (1 + 1e-9) and len(sizes) < 64:
-            sizes.append(round(size))
-            size *= factor
-        return sorted(set(sizes))
+        return Sizes(lo=lo, hi=hi, factor=factor)
     try:
-        sizes = [int(p) for p in text.split(",") if p.strip()]
+        values = tuple(_size(p) for p in text.split(",") if p.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected A,B,C or MIN:MAX[:FACTOR], got {text!r}") from None
-    if not sizes or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError(expected) from None
+    if not values or any((v.bytes if isinstance(v, Memory) else v) <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected sizes > 0, got {text!r}")
-    return sorted(set(sizes))
+    return Sizes(values)
 
 
 # Annotations are strings (postponed evaluation); each maps to its parser.
@@ -186,8 +255,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache-sizes",
         type=_sizes,
         metavar="SIZES",
-        help="encoder-cache sizes to sweep, in embeddings: A,B,C or MIN:MAX[:FACTOR] (doubling by default); "
-        "every policy runs at each (default: a short sweep for vllm and the best policy, "
+        help="encoder-cache sizes to show, each in embeddings or memory (512MiB, 2GiB: converted with "
+        "--hidden-size and --dtype): A,B,C or MIN:MAX[:FACTOR] (doubling by default); every policy runs at each; "
+        "the recommendation comes from its own search either way (default: a short sweep for vllm and the best "
+        "policy, "
         + ",".join(str(s) for s in DEFAULT_SIZES)
         + ", then 4x larger while no size is within 5%% of an unbounded cache, up to "
         + str(MAX_EXTRA_SIZES)
@@ -221,7 +292,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"seconds per scheduler step, mapping trace times to steps (default: {DEFAULT_STEP_SECONDS})",
     )
-    memory = parser.add_argument_group("memory (to show sizes in bytes)")
+    memory = parser.add_argument_group("memory (sizes in bytes, and --cache-sizes given in memory)")
     memory.add_argument("--hidden-size", type=_int, metavar="N", help="the model's hidden size (default: 3584)")
     memory.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="the embeddings' dtype (default: bfloat16)")
     memory.add_argument(
@@ -246,7 +317,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--plot",
         metavar="PATH",
-        help="also draw encoded embeddings against cache size (png, svg, pdf; needs matplotlib)",
+        help="also draw encoded embeddings against cache size; the extension picks the format: "
+        + ", ".join(PLOT_FORMATS)
+        + " (default .png; needs matplotlib)",
     )
     out.add_argument("--check", action="store_true", help="verify the cache's accounting after every step (slow)")
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

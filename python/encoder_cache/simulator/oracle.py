@@ -3,8 +3,10 @@
 ``oracle`` evicts the evictable entry whose next use lies farthest ahead. The
 future comes from a first pass over the same arrivals with the ``vllm``
 policy at the same cache size: it records the step at which every
-``(request, item)`` occurrence was served (encoded, taken from the cache, or
-skipped inside a cached prefix). The second pass, the one reported, knows
+``(request, item)`` occurrence was looked up in the encoder cache (encoded,
+or taken from the cache). Occurrences the KV prefix cache served are not
+uses of the encoder cache: the first pass leaves them out, and the second
+marks them served. The second pass, the one reported, knows
 every occurrence still to be served and orders them by the first pass's
 steps; an occurrence leaves the future as soon as the second pass serves it,
 and a preempted request's items come back into it. An entry no pending
@@ -51,6 +53,9 @@ class Recorder:
             self.times[key] = step
             self.identifiers[key] = identifier
 
+    def prefix_served(self, request_id: str, input_id: int, identifier: str) -> None:
+        pass
+
     def needed_again(self, request_id: str, input_id: int, identifier: str) -> None:
         pass
 
@@ -70,10 +75,13 @@ class Future:
     def served(self, request_id: str, input_id: int, identifier: str, step: int) -> None:
         self.done.add((request_id, input_id))
 
+    def prefix_served(self, request_id: str, input_id: int, identifier: str) -> None:
+        self.done.add((request_id, input_id))
+
     def needed_again(self, request_id: str, input_id: int, identifier: str) -> None:
-        """A preempted request will need the occurrence again."""
+        """A preempted request will need the occurrence again (if the first pass looked it up)."""
         key = (request_id, input_id)
-        if key in self.done:
+        if key in self.done and key in self.times:
             self.done.discard(key)
             heapq.heappush(self.pending.setdefault(identifier, []), (self.times.get(key, 0), *key))
 

@@ -12,20 +12,23 @@ vLLM's (``BlockPool`` below). On admission the scheduler looks the request's
 full blocks up in order and skips the longest cached prefix (at most all but
 the last token, which must be computed).
 
-Token identity: the simulator has no token ids, so a request's tokens are
-described by *origins*: ranges ``[start, end)`` whose tokens are those of
-origin ``key`` at the same positions. A request's own new text and answer
-have the request as origin; a chat turn inherits its session's previous turn's
-origins over the prefix they share. Two blocks have the same hash exactly
-when their prefixes have the same origins and items.
+Token identity: a request's tokens are described by runs of content
+(``prompts.py``); two blocks hash alike exactly when their prefixes have the
+same runs and their items the same identifiers at the same places, as vLLM's
+block hashes do on token ids (its extra keys name each item a block holds and
+where it starts relative to the block).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
+from typing import Any
 
-from encoder_cache.simulator.workloads import Item
+from encoder_cache.simulator.spec import Item
+
+#: ``(start, end, key, first)``, as ``prompts.Run``.
+Run = tuple[int, int, Any, int]
 
 __all__ = ["BLOCK_SIZE", "BlockHasher", "BlockPool"]
 
@@ -36,12 +39,12 @@ BLOCK_SIZE = 16
 class BlockHasher:
     """The chained hashes of one request's full blocks, computed as needed."""
 
-    __slots__ = ("block_size", "hashes", "item_ends", "item_ids", "item_starts", "origin_starts", "origins")
+    __slots__ = ("block_size", "hashes", "item_ends", "item_ids", "item_starts", "run_starts", "runs")
 
-    def __init__(self, origins: list[tuple[int, int, str]], items: tuple[Item, ...], block_size: int) -> None:
+    def __init__(self, runs: list[Run], items: tuple[Item, ...], block_size: int) -> None:
         self.block_size = block_size
-        self.origins = origins  # sorted, contiguous from 0: (start, end, key)
-        self.origin_starts = [o[0] for o in origins]
+        self.runs = runs  # sorted, contiguous from 0: (start, end, key, first)
+        self.run_starts = [r[0] for r in runs]
         self.item_starts = [i.offset for i in items]
         self.item_ends = [i.offset + i.length for i in items]
         self.item_ids = [i.identifier for i in items]
@@ -53,38 +56,79 @@ class BlockHasher:
         if len(hashes) >= num_blocks:
             return hashes
         parent = hashes[-1] if hashes else 0
-        origins, item_starts, item_ends, item_ids = self.origins, self.item_starts, self.item_ends, self.item_ids
+        runs, item_starts, item_ends, item_ids = self.runs, self.item_starts, self.item_ends, self.item_ids
         lo = len(hashes) * size
-        k = bisect_right(self.origin_starts, lo) - 1
+        k = bisect_right(self.run_starts, lo) - 1
         i = bisect_right(item_ends, lo)
-        num_items, num_origins = len(item_starts), len(origins)
+        num_items, num_runs = len(item_starts), len(runs)
+        append = hashes.append
         while len(hashes) < num_blocks:
             hi = lo + size
-            while origins[k][1] <= lo:
+            while runs[k][1] <= lo:
                 k += 1
-            _, end, key = origins[k]
-            if end >= hi:
-                content: object = (key, lo)
-            else:
-                pieces: list[object] = [(key, lo, end)]
-                j = k + 1
-                while j < num_origins and origins[j][0] < hi:
-                    pieces.append((origins[j][2], origins[j][0], min(origins[j][1], hi)))
-                    j += 1
-                content = tuple(pieces)
             while i < num_items and item_ends[i] <= lo:
                 i += 1
+            start, end, key, first = runs[k]
+            if end >= hi:
+                # Fast paths: a stretch of blocks inside this run that hold no item, or
+                # only the placeholders of item i, hash alike but for their offsets.
+                if i >= num_items or item_starts[i] >= hi:
+                    limit = end if i >= num_items else min(end, item_starts[i])
+                    stop = min(lo + (num_blocks - len(hashes)) * size, limit - (limit - lo) % size)
+                    if first >= 0:
+                        base = first - start
+                        for b in range(lo, stop, size):
+                            parent = hash((parent, (key, base + b)))
+                            append(parent)
+                    else:
+                        for _ in range(lo, stop, size):
+                            parent = hash((parent, key))
+                            append(parent)
+                    lo = stop
+                    continue
+                if item_starts[i] <= lo and item_ends[i] >= hi:
+                    limit = min(end, item_ends[i])
+                    stop = min(lo + (num_blocks - len(hashes)) * size, limit - (limit - lo) % size)
+                    identifier, offset = item_ids[i], item_starts[i]
+                    if first >= 0:
+                        base = first - start
+                        for b in range(lo, stop, size):
+                            parent = hash((parent, ((key, base + b), (identifier, offset - b))))
+                            append(parent)
+                    else:
+                        for b in range(lo, stop, size):
+                            parent = hash((parent, (key, (identifier, offset - b))))
+                            append(parent)
+                    lo = stop
+                    continue
+                content: object = (key, first + lo - start) if first >= 0 else key
+            else:
+                pieces: list[object] = [_piece(runs[k], lo, hi)]
+                j = k + 1
+                while j < num_runs and runs[j][0] < hi:
+                    pieces.append(_piece(runs[j], lo, hi))
+                    j += 1
+                content = tuple(pieces)
             if i < num_items and item_starts[i] < hi:
-                ids = []
+                extra = []
                 j = i
                 while j < num_items and item_starts[j] < hi:
-                    ids.append(item_ids[j])
+                    extra.append((item_ids[j], item_starts[j] - lo))
                     j += 1
-                content = (content, *ids)
+                content = (content, *extra)
             parent = hash((parent, content))
-            hashes.append(parent)
+            append(parent)
             lo = hi
         return hashes
+
+
+def _piece(run: Run, lo: int, hi: int) -> tuple[object, int, int]:
+    """The part of ``run`` inside ``[lo, hi)``: its key and which of its tokens."""
+    start, end, key, first = run
+    a, b = max(lo, start), min(hi, end)
+    if first < 0:
+        return (key, -1, b - a)
+    return (key, first + a - start, first + b - start)
 
 
 class BlockPool:

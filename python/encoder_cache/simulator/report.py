@@ -1,18 +1,30 @@
-"""The simulator's output: text tables, the recommendation, JSON, a plot."""
+"""The simulator's output: text tables, the recommendation, JSON.
+
+The recommendation comes from its own search (``Report.search``: vLLM's
+default size, then the sweep ``sweep.fill`` runs for ``vllm`` and the best
+policy), never from the sizes a user asked to see, so it does not change with
+``--cache-sizes``. It ends with the ``manager_config`` to paste.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.results import RunResult
+from encoder_cache.simulator.variants import Variant
 
-__all__ = ["Report", "format_bytes", "plot"]
+__all__ = ["SCHEDULER_CLS", "WITHIN", "Report", "format_bytes", "manager_config"]
 
 #: A size "gets within" an unbounded cache when it encodes at most this much more.
 WITHIN = 0.05
+#: What vLLM needs for lookahead (the waiting marks come from this scheduler).
+SCHEDULER_CLS = (
+    "--scheduler-cls encoder_cache.vllm.AsyncScheduler (encoder_cache.vllm.Scheduler with --no-async-scheduling)"
+)
 
 
 def format_bytes(n: float) -> str:
@@ -37,6 +49,20 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
 
 
+def manager_config(variant: Variant, cache_size: int) -> dict[str, Any]:
+    """The ``manager_config`` of ``encoder_cache.vllm.EncoderCacheManager`` for this variant and size."""
+    config: dict[str, Any] = {"cache_size": cache_size}
+    if variant.policy != "vllm":
+        config["policy"] = variant.policy
+    if variant.lookahead:
+        config["lookahead"] = True
+    return config
+
+
+def _needs(variant: Variant) -> str:
+    return " (lookahead: needs vLLM's --scheduler-cls encoder_cache.vllm.AsyncScheduler)" if variant.lookahead else ""
+
+
 @dataclass
 class Report:
     """Every run of one invocation, and what the output says about them."""
@@ -49,10 +75,16 @@ class Report:
     default_size: int
     #: Runs at the default capacity (the headline), in variant order.
     headline: list[RunResult] = field(default_factory=list)
-    #: Sweep runs, any order.
+    #: Runs of the size table, any order.
     sweep: list[RunResult] = field(default_factory=list)
+    #: Runs the recommendation searches (sizes for vllm and the best policy); the default size comes from the headline.
+    search: list[RunResult] = field(default_factory=list)
     unbounded: RunResult | None = None
+    #: ``vllm`` at the default size with prefix caching off: what the prefix cache saves.
+    no_prefix: RunResult | None = None
     behaviour: bool = False
+    #: Lines printed after the header (what was left out, and why).
+    notes: list[str] = field(default_factory=list)
     #: Which engine ran the workload: the built-in ``model`` or ``vllm``'s own scheduler.
     engine: str = "model"
 
@@ -79,64 +111,117 @@ class Report:
     def sweep_run(self, name: str, size: int) -> RunResult | None:
         return next((r for r in self.sweep if r.name == name and r.encoder_cache_size == size), None)
 
+    def candidates(self) -> list[RunResult]:
+        """The runs the recommendation chooses from: the search's, and its variants at the default size."""
+        variants = {r.variant for r in self.search}
+        return [r for r in self.headline if r.variant in variants] + self.search
+
     def recommendation(self) -> dict[str, Any] | None:
-        """The smallest swept size at which some real policy encodes within 5%
-        of an unbounded cache (or the largest size, ``found`` false)."""
-        if self.unbounded is None or not self.sweep:
+        """The smallest searched size at which some real policy encodes within
+        5% of an unbounded cache (or the largest size, ``found`` false)."""
+        if self.unbounded is None or not self.search:
             return None
         floor = self.unbounded.counters.encoded_embeds
-        sizes = self.sizes()
+        runs = [r for r in self.candidates() if r.variant.policy != "oracle"]
+        sizes = sorted({r.encoder_cache_size for r in runs})
         for index, size in enumerate(sizes):
-            runs = [r for r in self.sweep if r.encoder_cache_size == size and r.variant.policy != "oracle"]
-            if not runs:
-                continue
-            best = min(runs, key=lambda r: r.counters.encoded_embeds)
+            here = [r for r in runs if r.encoder_cache_size == size]
+            best = min(here, key=lambda r: (r.counters.encoded_embeds, r.counters.encoder_seconds))
             if best.counters.encoded_embeds <= floor * (1 + WITHIN) or index == len(sizes) - 1:
-                within = [r.name for r in runs if r.counters.encoded_embeds <= floor * (1 + WITHIN)]
+                within = [r.name for r in here if r.counters.encoded_embeds <= floor * (1 + WITHIN)]
+                variant = best.variant
+                if "vllm" in within:  # vLLM's own order is enough: no reason to change it
+                    variant = next(r.variant for r in here if r.name == "vllm")
                 return {
                     "found": bool(within),
                     "size": size,
-                    "variant": best.name,
+                    "variant": variant.name,
                     "encoded_embeds": best.counters.encoded_embeds,
                     "variants_within": within,
+                    "needs_scheduler_cls": variant.lookahead,
+                    "manager_config": manager_config(variant, size),
                 }
         return None
 
-    def recommendation_sentence(self) -> str | None:
+    def recommendation_lines(self) -> list[str]:
         rec = self.recommendation()
         if rec is None:
-            return None
+            return []
         floor = self.unbounded.counters.encoded_embeds if self.unbounded else 0
         size, name = rec["size"], rec["variant"]
         memory = format_bytes(size * self.bytes_per_embed)
         extra = _pct(rec["encoded_embeds"], floor)
         if not rec["found"]:
-            return (
+            sentence = (
                 f"Recommendation: no size tried comes within {WITHIN:.0%} of an unbounded cache; the largest, "
-                f"{size:,} embeddings ({memory}) with policy {name}, still encodes {extra} more: try larger sizes."
+                f"{size:,} embeddings ({memory}) with policy {name}, still encodes {extra} more: "
+                "try larger sizes (--cache-sizes)."
             )
-        if "vllm" in rec["variants_within"]:
-            policy = "any policy (vLLM's own included)"
         else:
-            policy = f"policy {name}"
-        sentence = (
-            f"Recommendation: an encoder cache of {size:,} embeddings ({memory}) with {policy} "
-            f"encodes within {WITHIN:.0%} of an unbounded cache ({extra})"
-        )
-        base = self.baseline(self.headline)
-        if base is not None and size != self.default_size:
-            sentence += (
-                f"; vLLM's default ({self.default_size:,} embeddings, "
-                f"{format_bytes(self.default_size * self.bytes_per_embed)}) encodes "
-                f"{_pct(base.counters.encoded_embeds, floor)} more than unbounded"
+            policy = "any policy (vLLM's own included)" if "vllm" in rec["variants_within"] else f"policy {name}"
+            sentence = (
+                f"Recommendation: an encoder cache of {size:,} embeddings ({memory}) with {policy} "
+                f"encodes within {WITHIN:.0%} of an unbounded cache ({extra})"
             )
-            best = self.best()
-            if best is not None and best.counters.encoded_embeds < base.counters.encoded_embeds * (1 - 0.01):
+            base = self.baseline(self.headline)
+            if base is not None and size != self.default_size:
                 sentence += (
-                    f"; at that default size, policy {best.name} encodes "
-                    f"{_pct(best.counters.encoded_embeds, base.counters.encoded_embeds)} against vllm"
+                    f"; vLLM's default ({self.default_size:,} embeddings, "
+                    f"{format_bytes(self.default_size * self.bytes_per_embed)}) encodes "
+                    f"{_pct(base.counters.encoded_embeds, floor)} more than unbounded"
                 )
-        return sentence + "."
+                best = self.best()
+                if best is not None and best.counters.encoded_embeds < base.counters.encoded_embeds * (1 - 0.01):
+                    sentence += (
+                        f"; at that default size, policy {best.name} encodes "
+                        f"{_pct(best.counters.encoded_embeds, base.counters.encoded_embeds)} against vllm"
+                        + _needs(best.variant)
+                    )
+            sentence += "."
+        lines = [sentence]
+        lever = self.lever_sentence()
+        if lever:
+            lines.append(lever)
+        if rec["needs_scheduler_cls"]:
+            lines.append(f"Lookahead needs vLLM started with {SCHEDULER_CLS}.")
+        lines.append(f"manager_config: {json.dumps(rec['manager_config'])}")
+        return lines
+
+    def lever_sentence(self) -> str | None:
+        """Which lever matters for this traffic: the KV prefix cache, or the encoder cache's size.
+        They are compared by the embeddings each saves: prefix caching against vllm without it,
+        an unbounded encoder cache against vllm at the default size."""
+        base = self.baseline(self.headline)
+        if base is None or self.unbounded is None:
+            return None
+        c = base.counters
+        if not c.item_occurrences:
+            return None
+        by_size = c.encoded_embeds - self.unbounded.counters.encoded_embeds
+        size_share = by_size / c.encoded_embeds if c.encoded_embeds else 0.0
+        served = (
+            f"The KV prefix cache serves {c.prefix_served_share:.0%} of item occurrences, "
+            f"the encoder cache {c.cache_served_share:.0%}"
+        )
+        size_text = f"an unbounded encoder cache would save {by_size:,} embeddings more ({size_share:.0%})"
+        if self.no_prefix is None:
+            return f"{served}; {size_text}."
+        without = self.no_prefix.counters.encoded_embeds
+        by_prefix = without - c.encoded_embeds
+        prefix_share = by_prefix / without if without else 0.0
+        served += (
+            f"; prefix caching saves {by_prefix:,} embeddings ({prefix_share:.0%} of what vllm encodes without it), "
+            + size_text
+        )
+        if max(prefix_share, size_share) < WITHIN:
+            return served + ": neither lever moves much on this traffic."
+        if by_prefix >= by_size:
+            second = "encoder-cache size comes second" if size_share >= WITHIN else "encoder-cache size barely matters"
+            return served + (
+                ": the prefix cache is the first lever here (keep prefix caching on, with a KV cache large enough "
+                f"to hold the shared prefixes); {second}."
+            )
+        return served + ": the encoder cache's size is the first lever here."
 
     # Text
 
@@ -165,7 +250,8 @@ class Report:
                     f"{c.encoded_embeds:,}",
                     _pct(c.encoded_embeds, base.counters.encoded_embeds),
                     f"{c.recomputed_embeds:,}",
-                    f"{c.hit_rate:.1%}",
+                    f"{c.prefix_served_share:.1%}",
+                    f"{c.cache_served_share:.1%}",
                     f"{c.encoder_seconds:,.1f}",
                     _pct(c.encoder_seconds, base.counters.encoder_seconds),
                     f"{c.prefix_hit_rate:.1%}",
@@ -177,7 +263,8 @@ class Report:
             "encoded embeds",
             f"vs {base.name}",
             "re-encoded",
-            "hit rate",
+            "items: KV prefix",
+            "enc. cache",
             "encoder GPU s",
             f"vs {base.name}",
             "prefix hits",
@@ -197,6 +284,9 @@ class Report:
             f"a waiting queue, {c.preemptions:,} preemptions",
             "",
             *_table(header, rows),
+            "",
+            "items: the share of item occurrences served by the KV prefix cache (never looked up) and by the "
+            "encoder cache; prefix hits: prompt tokens found in the KV prefix cache.",
         ]
         oracle = next((r for r in runs if r.variant.policy == "oracle"), None)
         best = self.best()
@@ -204,8 +294,8 @@ class Report:
             saved = base.counters.encoded_embeds - best.counters.encoded_embeds
             lines += [
                 "",
-                f"Best policy here: {best.name}, {saved:,} fewer embeddings encoded than {base.name} "
-                f"({_pct(best.counters.encoded_embeds, base.counters.encoded_embeds)}), encoder time "
+                f"Best policy here: {best.name}{_needs(best.variant)}, {saved:,} fewer embeddings encoded than "
+                f"{base.name} ({_pct(best.counters.encoded_embeds, base.counters.encoded_embeds)}), encoder time "
                 f"{_pct(best.counters.encoder_seconds, base.counters.encoder_seconds)}.",
             ]
             if oracle is not None:
@@ -221,18 +311,24 @@ class Report:
                 f"{base.counters.recomputed_embeds / max(base.counters.encoded_embeds, 1):.0%} of {base.name}'s "
                 "encoded embeddings re-encode items it evicted."
             )
+        if self.no_prefix is not None:
+            n = self.no_prefix.counters
+            lines.append(
+                f"Without prefix caching {base.name} would encode {n.encoded_embeds:,} embeddings "
+                f"({_pct(n.encoded_embeds, base.counters.encoded_embeds)})."
+            )
         return lines
 
     def sweep_table(self) -> list[str]:
         names = self.sweep_variants()
         header = ["cache size", "memory", *names]
         if self.unbounded is not None:
-            header.append("vs unbounded")
+            header.append("best policy vs unbounded")
         rows = []
         floor = self.unbounded.counters.encoded_embeds if self.unbounded else 0
         for size in self.sizes():
             row = [f"{size:,}", format_bytes(size * self.bytes_per_embed)]
-            best = None
+            best: RunResult | None = None
             for name in names:
                 run = self.sweep_run(name, size)
                 if run is None:
@@ -241,10 +337,10 @@ class Report:
                 c = run.counters
                 miss = c.encoded_embeds / max(c.encoded_embeds + c.hit_embeds, 1)
                 row.append(f"{c.encoded_embeds:,} ({miss:.0%} miss)")
-                if run.variant.policy != "oracle" and (best is None or c.encoded_embeds < best):
-                    best = c.encoded_embeds
+                if run.variant.policy != "oracle" and (best is None or c.encoded_embeds < best.counters.encoded_embeds):
+                    best = run
             if self.unbounded is not None:
-                row.append(_pct(best, floor) if best is not None else "-")
+                row.append(f"{_pct(best.counters.encoded_embeds, floor)} {best.name}" if best is not None else "-")
             rows.append(row)
         if self.unbounded is not None:
             u = self.unbounded.counters.encoded_embeds
@@ -256,16 +352,16 @@ class Report:
         ]
 
     def text(self) -> str:
-        lines = [self.header(), ""]
+        lines = [self.header(), *self.notes, ""]
         if self.headline:
             lines += self.headline_table()
         if self.sweep:
             if self.headline:
                 lines.append("")
             lines += self.sweep_table()
-        sentence = self.recommendation_sentence()
-        if sentence:
-            lines += ["", sentence]
+        recommendation = self.recommendation_lines()
+        if recommendation:
+            lines += ["", *recommendation]
         return "\n".join(lines)
 
     # JSON
@@ -288,6 +384,7 @@ class Report:
             }
 
         best = self.best()
+        by_size = sorted(self.sweep, key=lambda r: (r.encoder_cache_size, r.name))
         return {
             "workload": config,
             "engine": self.engine,
@@ -295,50 +392,14 @@ class Report:
             "cost": asdict(self.cost),
             "bytes_per_embed": self.bytes_per_embed,
             "default_cache_size": self.default_size,
+            "notes": self.notes,
             "headline": [run(r) for r in self.headline],
             "best_policy": best.name if best is not None else None,
-            "sweep": [run(r) for r in sorted(self.sweep, key=lambda r: (r.encoder_cache_size, r.name))],
+            "best_policy_needs_scheduler_cls": best.variant.lookahead if best is not None else None,
+            "sweep": [run(r) for r in by_size],
+            "search": [run(r) for r in sorted(self.search, key=lambda r: (r.encoder_cache_size, r.name))],
             "unbounded": run(self.unbounded) if self.unbounded is not None else None,
+            "no_prefix_caching": run(self.no_prefix) if self.no_prefix is not None else None,
             "recommendation": self.recommendation(),
-            "recommendation_text": self.recommendation_sentence(),
+            "recommendation_text": "\n".join(self.recommendation_lines()) or None,
         }
-
-
-def plot(report: Report, path: str) -> None:
-    """Encoded embeddings against encoder-cache size, one line per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(figsize=(8, 5), constrained_layout=True)
-    sizes = report.sizes() or [report.default_size]
-    styles = ["-", "--", "-.", ":"]
-    for index, name in enumerate(report.sweep_variants()):
-        points = [(s, report.sweep_run(name, s)) for s in sizes]
-        xs = [s for s, r in points if r is not None]
-        ys = [r.counters.encoded_embeds / 1e6 for _, r in points if r is not None]
-        axes.plot(xs, ys, marker="o", linestyle=styles[index % len(styles)], label=name)
-    if not report.sweep:
-        for r in report.headline:
-            axes.plot([r.encoder_cache_size], [r.counters.encoded_embeds / 1e6], marker="o", label=r.name)
-    if report.unbounded is not None:
-        axes.axhline(report.unbounded.counters.encoded_embeds / 1e6, color="0.4", linewidth=1, label="unbounded cache")
-    top = axes.get_ylim()[1]
-    axes.axvline(report.default_size, color="0.6", linestyle=":", linewidth=1)
-    axes.annotate(" vLLM default", (report.default_size, top), fontsize=8, ha="left", va="top")
-    rec = report.recommendation()
-    if rec is not None and rec["found"]:
-        axes.axvline(rec["size"], color="C2", linestyle=":", linewidth=1)
-        axes.annotate("recommended ", (rec["size"], top * 0.94), fontsize=8, ha="right", va="top", color="C2")
-    axes.set_xscale("log", base=2)
-    axes.set_xticks(sizes)
-    axes.set_xticklabels([f"{s:,}\n{format_bytes(s * report.bytes_per_embed)}" for s in sizes], fontsize=8)
-    axes.set_xlabel(f"encoder cache size, embeddings (memory at {report.bytes_per_embed:,} bytes each)")
-    axes.set_ylabel("embeddings encoded (millions)")
-    axes.set_ylim(bottom=0)
-    axes.set_title(report.description, fontsize=9)
-    axes.legend(fontsize=8)
-    axes.grid(True, alpha=0.3)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -56,11 +56,35 @@ class Counters:
         return self.cache_hits / served if served else 0.0
 
     @property
+    def item_occurrences(self) -> int:
+        """Items served to requests: from the KV prefix cache, the encoder cache or the encoder."""
+        return self.prefix_skipped_items + self.cache_hits + self.encoded_items
+
+    @property
+    def prefix_served_share(self) -> float:
+        """The share of item occurrences the KV prefix cache served (never looked up, never encoded)."""
+        total = self.item_occurrences
+        return self.prefix_skipped_items / total if total else 0.0
+
+    @property
+    def cache_served_share(self) -> float:
+        """The share of item occurrences the encoder cache served."""
+        total = self.item_occurrences
+        return self.cache_hits / total if total else 0.0
+
+    @property
     def prefix_hit_rate(self) -> float:
         return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "hit_rate": self.hit_rate, "prefix_hit_rate": self.prefix_hit_rate}
+        return {
+            **asdict(self),
+            "hit_rate": self.hit_rate,
+            "prefix_hit_rate": self.prefix_hit_rate,
+            "item_occurrences": self.item_occurrences,
+            "prefix_served_share": self.prefix_served_share,
+            "cache_served_share": self.cache_served_share,
+        }
 
 
 @dataclass

@@ -32,7 +32,6 @@ results compare field by field.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import tempfile
@@ -43,17 +42,15 @@ from time import perf_counter
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
-
 from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
-from encoder_cache.simulator.engine import shared_prefix
 from encoder_cache.simulator.ledger import Ledger
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE
+from encoder_cache.simulator.prompts import Prompts, materialize
 from encoder_cache.simulator.results import Counters, RunResult, SimulationError
+from encoder_cache.simulator.spec import RequestSpec
 from encoder_cache.simulator.variants import Variant
-from encoder_cache.simulator.workloads import RequestSpec
 
 __all__ = ["INSTALL_HINT", "EngineUnavailable", "check_variant", "require", "simulate_vllm"]
 
@@ -62,10 +59,10 @@ INSTALL_HINT = (
     "are needed; docs/vllm.md shows a separate environment)"
 )
 
-#: Prompt text and answers draw token ids from [1, _TEXT_IDS]; placeholders sit above.
-_TEXT_IDS = 31000
-_PLACEHOLDER_BASE = 32000
+#: The tiny model's vocabulary: materialized token ids lie below it.
 _VOCAB = 32064
+#: The LLaVA config's image token (the scheduler never reads it).
+_IMAGE_TOKEN = 32000
 
 
 class EngineUnavailable(RuntimeError):
@@ -101,42 +98,6 @@ def check_variant(variant: Variant) -> None:
         )
 
 
-# --- token ids --------------------------------------------------------------------------
-
-
-def _seed(key: str) -> np.uint64:
-    return np.uint64(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little"))
-
-
-def _text_ids(key: str, start: int, end: int) -> np.ndarray:
-    """The tokens at positions [start, end) of text whose origin is ``key``:
-    a fixed pseudo-random function of (key, position), so two prompts share a
-    token exactly where they share its origin."""
-    with np.errstate(over="ignore"):
-        x = _seed(key) ^ (np.arange(start, end, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
-        x ^= x >> np.uint64(31)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(29)
-    return (x % np.uint64(_TEXT_IDS)).astype(np.int64) + 1
-
-
-def _answer_id(key: str, position: int) -> int:
-    return int(_text_ids(key, position, position + 1)[0])
-
-
-def _prompt_ids(spec: RequestSpec, origins: list[tuple[int, int, str]], placeholders: dict[str, int]) -> list[int]:
-    """The prompt's token ids: text by origin, each item's placeholders one id per modality."""
-    ids = np.empty(spec.prompt_tokens, dtype=np.int64)
-    for start, end, key in origins:
-        end = min(end, spec.prompt_tokens)
-        if start < end:
-            ids[start:end] = _text_ids(key, start, end)
-    for item in spec.items:
-        token = placeholders.setdefault(item.modality, _PLACEHOLDER_BASE + len(placeholders))
-        ids[item.offset : item.offset + item.length] = token
-    return ids.tolist()
-
-
 # --- the scheduler, as `vllm serve` builds it, on CPU --------------------------------------
 
 
@@ -146,7 +107,7 @@ def _model_config(directory: Path, max_model_len: int) -> Any:
     config = {
         "architectures": ["LlavaForConditionalGeneration"],
         "model_type": "llava",
-        "image_token_index": _PLACEHOLDER_BASE,
+        "image_token_index": _IMAGE_TOKEN,
         "projector_hidden_act": "gelu",
         "vision_feature_layer": -2,
         "vision_feature_select_strategy": "default",
@@ -266,11 +227,12 @@ def _scheduler(
 class _Live:
     """A request handed to vLLM, with what the counters need."""
 
-    __slots__ = ("ends", "running", "served", "spec", "starts", "vllm")
+    __slots__ = ("answer", "ends", "running", "served", "spec", "starts", "vllm")
 
-    def __init__(self, spec: RequestSpec, request: Any) -> None:
+    def __init__(self, spec: RequestSpec, request: Any, answer: list[int]) -> None:
         self.spec = spec
         self.vllm = request
+        self.answer = answer  # the token ids it decodes, in order
         self.starts = [item.offset for item in spec.items]
         self.ends = [item.offset + item.length for item in spec.items]
         self.served = [False] * len(spec.items)
@@ -301,11 +263,10 @@ class _Replay:
         self.check = check
         self.caching = scheduler.cache_config.enable_prefix_caching
         self.arrivals = Arrivals(workload.requests())
-        self.placeholders: dict[str, int] = {}
         self.counters = Counters()
         self.clock = 0
         self.live: dict[str, _Live] = {}
-        self.sessions: dict[str, tuple[RequestSpec, list[tuple[int, int, str]]]] = {}
+        self.prompts = Prompts()
         self.emitted: dict[str, int] = {}
         self.ledger = Ledger(self.counters, cost)
         self.scheduler_seconds = 0.0
@@ -314,15 +275,7 @@ class _Replay:
         from vllm.multimodal.inputs import MultiModalFeatureSpec, MultiModalKwargsItem, PlaceholderRange
         from vllm.v1.request import Request
 
-        origins = [(0, spec.total_tokens, spec.request_id)]
-        if spec.session is not None:
-            previous = self.sessions.get(spec.session)
-            if previous is not None:
-                shared = shared_prefix(previous[0], spec)
-                if shared:
-                    origins = [(s, min(e, shared), k) for s, e, k in previous[1] if s < shared]
-                    origins.append((shared, spec.total_tokens, spec.request_id))
-            self.sessions[spec.session] = (spec, origins)
+        tokens = materialize(spec, self.prompts.runs(spec), _VOCAB)
         features = [
             MultiModalFeatureSpec(
                 data=MultiModalKwargsItem.dummy(),
@@ -334,14 +287,14 @@ class _Replay:
         ]
         request = Request(
             request_id=spec.request_id,
-            prompt_token_ids=_prompt_ids(spec, origins, self.placeholders),
+            prompt_token_ids=tokens.prompt_token_ids,
             sampling_params=self._sampling_params(max_tokens=spec.output_tokens, ignore_eos=True),
             pooling_params=None,
             mm_features=features,
             block_hasher=self.block_hasher,
         )
         self.ledger.arrived(spec)
-        self.live[spec.request_id] = _Live(spec, request)
+        self.live[spec.request_id] = _Live(spec, request, tokens.output_token_ids)
         self.emitted[spec.request_id] = 0
         self.scheduler.add_request(request)
 
@@ -357,10 +310,9 @@ class _Replay:
             if requests[req_id].is_prefill_chunk:
                 sampled.append([])
                 continue
-            spec = self.live[req_id].spec
             n = self.emitted[req_id]
             self.emitted[req_id] = n + 1
-            sampled.append([_answer_id(spec.request_id, spec.prompt_tokens + n)])
+            sampled.append([self.live[req_id].answer[n]])
         return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},

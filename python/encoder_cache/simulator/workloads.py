@@ -7,10 +7,17 @@ before its ``arrival`` step; every other request arrives at its ``arrival``
 step. Every random draw comes from one ``numpy.random.Generator`` seeded by
 ``WorkloadConfig.seed``, so the same config always gives the same workload.
 
-Prompt layout: every multimodal item is wrapped in one start and one end token
-(as vision-language chat templates do), and all of an item's placeholder
-tokens receive an embedding. A chat turn re-sends the whole conversation: its
-prompt begins with the previous turn's prompt and answer, token for token.
+Prompts follow a chat template and are described by content (``spec.py``):
+every request starts with the deployment's one system prompt (the same
+tokens for all); every multimodal item is wrapped in its modality's start and
+end tokens, and all of its placeholder tokens receive an embedding. A chat
+turn re-sends the whole conversation: its prompt is the previous turn's prompt
+and answer, then the new message. A ``video`` request asks its question after
+the frames; a ``popular`` one after its images.
+
+Requests are generated as a stream (a heap holds the chat turns that arrive
+later than the next session), so a workload of any size replays in constant
+memory; one of at most ``KEEP_IN_MEMORY`` requests is generated once and kept.
 
 The parameters, and the published traffic they are shaped after, are
 documented in docs/simulator.md.
@@ -18,14 +25,18 @@ documented in docs/simulator.md.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
+from encoder_cache.simulator.spec import Answer, Item, ItemSegment, RequestSpec, Segment, Text, own_text
+
 __all__ = [
+    "KEEP_IN_MEMORY",
     "KINDS",
     "Item",
     "RequestSpec",
@@ -36,6 +47,11 @@ __all__ = [
 ]
 
 KINDS = ("chat", "video", "popular", "mix")
+#: Generated workloads up to this many requests are generated once and kept;
+#: larger ones are generated again, as a stream, on every replay.
+KEEP_IN_MEMORY = 200_000
+#: The system prompt's content key: one per deployment, shared by every request.
+SYSTEM_PROMPT = "system"
 #: Session arrival rates (per scheduler step) that keep the default scheduler
 #: busy, with a waiting queue at bursts, without swamping its KV cache.
 DEFAULT_RATES = {"chat": 0.03, "video": 0.004, "popular": 0.3, "mix": 0.03}
@@ -66,7 +82,9 @@ class WorkloadConfig:
         + ")",
         "RATE",
     )
-    system_tokens: int = option(64, "system-prompt tokens at the start of every request", "N")
+    system_tokens: int = option(
+        64, "tokens of the deployment's system prompt, the same at the start of every request", "N"
+    )
     text_tokens: Range = option((16, 512), "text tokens of each user message")
     output_tokens: Range = option((16, 512), "tokens each request decodes")
     image_embeds: Range = option((256, 1280), "chat: encoder embeddings per image")
@@ -137,6 +155,18 @@ class WorkloadConfig:
             return (self.kind,)
         return tuple(k for k, w in zip(KINDS, self.mix) if w > 0)
 
+    def max_embeds_per_item(self) -> dict[str, int]:
+        """The largest item per modality the config allows."""
+        largest: dict[str, int] = {}
+        kinds = self.kinds
+        if "chat" in kinds:
+            largest["image"] = self.image_embeds[1]
+        if "popular" in kinds:
+            largest["image"] = max(largest.get("image", 0), self.popular_embeds[1])
+        if "video" in kinds:
+            largest["video"] = self.frame_embeds[1]
+        return largest
+
     def describe(self) -> str:
         return (
             f"workload {self.kind}: {self.requests:,} requests, seed {self.seed}, {self.arrival_rate:g} sessions/step"
@@ -144,50 +174,30 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
-class Item:
-    identifier: str
-    offset: int
-    length: int
-    modality: str
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    request_id: str
-    #: The step it arrives at, or for a continued session turn the earliest.
-    arrival: int
-    #: Chat session it belongs to, or None.
-    session: str | None
-    #: Steps after the session's previous request finished (None: open loop).
-    think: int | None
-    #: Whole prompt length in tokens: text, wrapper tokens and placeholders.
-    prompt_tokens: int
-    output_tokens: int
-    items: tuple[Item, ...]  # sorted by offset
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.output_tokens
-
-
-@dataclass(frozen=True)
 class Workload:
-    """Requests in arrival order, with what the scheduler needs to size the encoder budget."""
+    """Requests in arrival order, with what the scheduler needs to size the
+    encoder budget. ``specs`` None: generated from ``config`` as a stream."""
 
     config: Any  # WorkloadConfig, or a trace's description
-    specs: tuple[RequestSpec, ...]
+    specs: tuple[RequestSpec, ...] | None = None
 
     def requests(self) -> Iterator[RequestSpec]:
-        return iter(self.specs)
+        if self.specs is not None:
+            return iter(self.specs)
+        return _Generator(self.config).stream()
 
     @property
     def num_requests(self) -> int:
-        return len(self.specs)
+        return len(self.specs) if self.specs is not None else self.config.requests
 
     def max_embeds_per_item(self) -> dict[str, int]:
-        """The largest item per modality in the traffic: it stands for the
-        model's declared maximum when vLLM sizes the encoder budget (a trace
-        knows no other, and the same rule keeps export and replay alike)."""
+        """The largest item per modality: it stands for the model's declared
+        maximum when vLLM sizes the encoder budget. Kept requests give the
+        largest they hold (a trace knows no other, and the same rule keeps
+        export and replay alike); a streamed workload, the largest its
+        config allows."""
+        if self.specs is None:
+            return self.config.max_embeds_per_item()
         largest: dict[str, int] = {}
         for spec in self.specs:
             for item in spec.items:
@@ -195,23 +205,14 @@ class Workload:
                     largest[item.modality] = item.length
         return largest
 
+    def max_tokens(self) -> int | None:
+        """The longest request's prompt and answer, if known without generating."""
+        if self.specs is None:
+            return None
+        return max((s.total_tokens for s in self.specs), default=0)
+
     def describe(self) -> str:
         return self.config.describe()
-
-
-class _Prompt:
-    """Lays out text and items, one start and one end token around each item."""
-
-    def __init__(self, system_tokens: int) -> None:
-        self.length = system_tokens
-        self.items: list[Item] = []
-
-    def text(self, tokens: int) -> None:
-        self.length += tokens
-
-    def item(self, identifier: str, embeds: int, modality: str) -> None:
-        self.items.append(Item(identifier, self.length + 1, embeds, modality))
-        self.length += embeds + 2
 
 
 class _Generator:
@@ -227,6 +228,7 @@ class _Generator:
         counts = np.arange(c.popular_images[0], c.popular_images[1] + 1)
         weights = counts.astype(float) ** -2.5
         self.image_counts, self.image_count_p = counts, weights / weights.sum()
+        self.system: tuple[Segment, ...] = (Text(SYSTEM_PROMPT, c.system_tokens),) if c.system_tokens else ()
 
     def _zipf(self, n: int) -> np.ndarray:
         weights = np.arange(1, n + 1, dtype=float) ** -self.config.zipf
@@ -239,92 +241,99 @@ class _Generator:
         """One conversation: every turn re-sends the whole history, images
         included. Returns (spec without timing, think steps before it)."""
         c = self.config
-        history: list[tuple[str, int, str]] = []  # (kind, size, identifier): "text" or "image"
+        history: tuple[Segment, ...] = ()
         images: list[tuple[str, int]] = []
         out: list[tuple[RequestSpec, int]] = []
         think = 0
         for turn in range(min(self.draw(c.turns), max_requests)):
-            message: list[tuple[str, int, str]] = []
+            message: list[Segment] = []
             if images and self.rng.random() < c.repeat_prob:
                 # Users mostly refer back to recent images: each older one is half as likely.
                 recency = 0.5 ** np.arange(len(images), 0, -1)
                 identifier, embeds = images[int(self.rng.choice(len(images), p=recency / recency.sum()))]
-                message.append(("image", embeds, identifier))
+                message.append(ItemSegment(identifier, embeds, "image"))
             new = self.draw(c.images_per_turn)
             for _ in range(max(new, 1) if turn == 0 else new):
                 images.append((f"{name}-img{len(images)}", self.draw(c.image_embeds)))
-                message.append(("image", images[-1][1], images[-1][0]))
-            message.append(("text", self.draw(c.text_tokens), ""))
-            prompt = _Prompt(c.system_tokens)
-            for kind, size, identifier in history + message:
-                if kind == "text":
-                    prompt.text(size)
-                else:
-                    prompt.item(identifier, size, "image")
+                message.append(ItemSegment(images[-1][0], images[-1][1], "image"))
+            message.append(Text(None, self.draw(c.text_tokens)))
+            request_id = f"{name}-turn{turn}"
+            # A turn's own segments (the first opens with the system prompt) are
+            # keyed by their place among them, as a trace line lists them.
+            segments = history + own_text(request_id, (*(() if history else self.system), *message))
             output = self.draw(c.output_tokens)
-            spec = RequestSpec(f"{name}-turn{turn}", 0, name, None, prompt.length, output, tuple(prompt.items))
-            out.append((spec, think))
-            history += [*message, ("text", output, "")]
+            out.append((RequestSpec.described(request_id, 0, name, None, segments, output), think))
+            history = (*segments, Answer(request_id, output))
             think = int(self.rng.exponential(c.think_steps)) if c.think_steps else 0
         return out
 
     def video(self, name: str) -> RequestSpec:
-        """A question about one video of a popular catalogue (its frames are the items)."""
+        """A question about one video of a popular catalogue (its frames are the items), after the frames."""
         c = self.config
         video = int(self.rng.choice(c.video_catalogue, p=self.video_popularity))
         if video not in self.videos:
             self.videos[video] = (self.draw(c.frames), self.draw(c.frame_embeds))
         frames, embeds = self.videos[video]
-        prompt = _Prompt(c.system_tokens)
-        for frame in range(frames):
-            prompt.item(f"video{video}-frame{frame}", embeds, "video")
-        prompt.text(self.draw(c.text_tokens))
-        return RequestSpec(name, 0, None, None, prompt.length, self.draw(c.output_tokens), tuple(prompt.items))
+        segments: list[Segment] = [ItemSegment(f"video{video}-frame{f}", embeds, "video") for f in range(frames)]
+        segments.append(Text(None, self.draw(c.text_tokens)))
+        prompt = own_text(name, (*self.system, *segments))
+        return RequestSpec.described(name, 0, None, None, prompt, self.draw(c.output_tokens))
 
     def popular(self, name: str) -> RequestSpec:
+        """Images of a popular catalogue, right after the system prompt, then the question."""
         c = self.config
-        prompt = _Prompt(c.system_tokens)
         count = int(self.rng.choice(self.image_counts, p=self.image_count_p))
-        for rank in self.rng.choice(c.catalogue, size=count, replace=False, p=self.popularity):
-            prompt.item(f"popular{rank}", self.catalogue_embeds[rank], "image")
-        prompt.text(self.draw(c.text_tokens))
-        return RequestSpec(name, 0, None, None, prompt.length, self.draw(c.output_tokens), tuple(prompt.items))
+        segments: list[Segment] = [
+            ItemSegment(f"popular{rank}", self.catalogue_embeds[rank], "image")
+            for rank in self.rng.choice(c.catalogue, size=count, replace=False, p=self.popularity)
+        ]
+        segments.append(Text(None, self.draw(c.text_tokens)))
+        prompt = own_text(name, (*self.system, *segments))
+        return RequestSpec.described(name, 0, None, None, prompt, self.draw(c.output_tokens))
 
-    def specs(self) -> list[RequestSpec]:
+    def stream(self) -> Iterator[RequestSpec]:
+        """The requests in arrival order (ties: in the order generated)."""
         c = self.config
         kinds = c.kinds
         weights = np.array([w for k, w in zip(KINDS, c.mix) if k in kinds]) if c.kind == "mix" else np.ones(1)
         weights = weights / weights.sum()
-        remaining, clock, index = c.requests, 0.0, 0
-        timed: list[tuple[int, int, RequestSpec]] = []
+        remaining, clock, index, order = c.requests, 0.0, 0, 0
+        later: list[tuple[int, int, RequestSpec]] = []  # (arrival, order generated, spec)
         while remaining > 0:
             clock += self.rng.exponential(1.0 / c.arrival_rate)
+            arrival = int(clock)
+            # Every request still to come arrives at ``arrival`` or later.
+            while later and later[0][0] < arrival:
+                yield heapq.heappop(later)[2]
             kind = kinds[int(self.rng.choice(len(kinds), p=weights))]
             name = f"{kind}{index}"
-            arrival = int(clock)
             if kind == "chat":
                 turns = self.chat(name, remaining)
                 for turn, (spec, think) in enumerate(turns):
                     if turn:
                         # Never before the previous turn's earliest arrival, one step, and the think time.
                         arrival += 1 + think
-                    timed.append((arrival, len(timed), _timed(spec, arrival, think if turn else None)))
+                    heapq.heappush(later, (arrival, order, _timed(spec, arrival, think if turn else None)))
+                    order += 1
                 remaining -= len(turns)
             else:
                 spec = self.video(name) if kind == "video" else self.popular(name)
-                timed.append((arrival, len(timed), _timed(spec, arrival, None)))
+                heapq.heappush(later, (arrival, order, _timed(spec, arrival, None)))
+                order += 1
                 remaining -= 1
             index += 1
-        timed.sort(key=lambda t: (t[0], t[1]))
-        return [spec for _, _, spec in timed]
+        while later:
+            yield heapq.heappop(later)[2]
 
 
 def _timed(spec: RequestSpec, arrival: int, think: int | None) -> RequestSpec:
-    return RequestSpec(
-        spec.request_id, arrival, spec.session, think, spec.prompt_tokens, spec.output_tokens, spec.items
-    )
+    return replace(spec, arrival=arrival, think=think)
 
 
 def generate(config: WorkloadConfig) -> Workload:
-    """The workload ``config`` describes; the same config always gives the same one."""
-    return Workload(config, tuple(_Generator(config).specs()))
+    """The workload ``config`` describes; the same config always gives the
+    same one. Up to ``KEEP_IN_MEMORY`` requests it is generated now and kept;
+    beyond, it is generated as a stream on each replay."""
+    if config.requests > KEEP_IN_MEMORY:
+        return Workload(config)
+    return Workload(config, tuple(_Generator(config).stream()))

@@ -1,0 +1,240 @@
+"""A manager that reports on itself once per scheduler step: log lines, Prometheus metrics, cache events.
+
+The scheduler calls ``get_freed_mm_hashes()`` once at the end of every step;
+that call is where ``StepObservers`` runs. Nothing is added to the per-item
+calls except, with events on, the allocations (``allocate``,
+``allocate_encoder_inputs``), which record what they stored in the step's
+``StepEventLog``.
+
+``observed_class(base, events=...)`` makes the class: ``base`` is a manager
+class with vLLM 0.33's API (``encoder_cache.EncoderCacheManager`` or a
+subclass); the instance's ``observers`` attribute holds what it reports to.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from encoder_cache.events import wire
+from encoder_cache.events.log import StepEventLog
+
+__all__ = ["OBSERVE_KEYS", "ObserveOptions", "StepObservers", "observed_class"]
+
+
+class StepObservers:
+    """What a manager reports once per step.
+
+    - ``log``: called with ``stats()`` every ``log_interval`` seconds (0: never);
+    - ``metrics``: a ``CacheMetrics`` updated at most every ``metrics_interval`` seconds;
+    - ``publisher``: an ``EventPublisher`` (anything with ``publish``) given each
+      step's ``StepRecord``; steps that changed nothing publish nothing.
+    """
+
+    def __init__(
+        self,
+        *,
+        log: Callable[[dict[str, Any]], None] | None = None,
+        log_interval: float = 0.0,
+        metrics: Any = None,
+        metrics_interval: float = 1.0,
+        publisher: Any = None,
+    ) -> None:
+        self.log = log if log_interval > 0 else None
+        self.log_interval = log_interval
+        self.metrics = metrics
+        self.metrics_interval = metrics_interval
+        self.publisher = publisher
+        self.events = StepEventLog() if publisher is not None else None
+        self._next_log = 0.0
+        self._next_metrics = 0.0
+
+    def end_step(self, manager: Any, freed: list[str]) -> None:
+        events = self.events
+        if events is not None:
+            record = events.end_step(freed)
+            if record is not None:
+                self.publisher.publish(record)
+        if self.log is None and self.metrics is None:
+            return
+        now = time.monotonic()
+        if self.metrics is not None and now >= self._next_metrics:
+            self._next_metrics = now + self.metrics_interval
+            self.update_metrics(manager)
+        if self.log is not None and now >= self._next_log:
+            if self._next_log:
+                self.log(manager.stats())
+            self._next_log = now + self.log_interval
+
+    def update_metrics(self, manager: Any) -> None:
+        """Copy the manager's ``stats()`` into the metrics now."""
+        self.metrics.update(manager.stats(), manager.cache_size)
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+
+
+class _Observed:
+    observers: StepObservers
+
+    def get_freed_mm_hashes(self) -> list[str]:
+        freed = super().get_freed_mm_hashes()  # type: ignore[misc]
+        self.observers.end_step(self, freed)
+        return freed
+
+    def reset(self) -> None:
+        super().reset()  # type: ignore[misc]
+        events = self.observers.events
+        if events is not None:
+            events.cleared()
+
+    def reset_stats(self) -> None:
+        metrics = self.observers.metrics
+        if metrics is not None:
+            self.observers.update_metrics(self)  # what was counted so far stays counted
+        super().reset_stats()  # type: ignore[misc]
+        if metrics is not None:
+            metrics.stats_reset()
+
+
+class _Recording(_Observed):
+    def allocate(self, request: Any, input_id: int) -> None:
+        super().allocate(request, input_id)  # type: ignore[misc]
+        self.observers.events.allocated(request, (input_id,))  # type: ignore[union-attr]
+
+    def allocate_encoder_inputs(
+        self, request: Any, input_ids: Sequence[int], duplicate_input_ids: Sequence[int]
+    ) -> None:
+        super().allocate_encoder_inputs(request, input_ids, duplicate_input_ids)  # type: ignore[misc]
+        if input_ids:
+            self.observers.events.allocated(request, tuple(input_ids))  # type: ignore[union-attr]
+
+
+_CLASSES: dict[tuple[type, bool], type] = {}
+
+
+def observed_class(base: type, *, events: bool) -> type:
+    """``base`` reporting to its ``observers`` once per step; with ``events``,
+    its allocations also record what they stored."""
+    key = (base, events)
+    cls = _CLASSES.get(key)
+    if cls is None:
+        mixin = _Recording if events else _Observed
+        cls = _CLASSES[key] = type(f"Observed{base.__name__}", (mixin, base), {"__module__": base.__module__})
+    return cls
+
+
+#: The ``manager_config`` keys that configure metrics and events (see ``ObserveOptions``).
+OBSERVE_KEYS = (
+    "metrics_port",
+    "metrics_host",
+    "events_endpoint",
+    "events_replay_endpoint",
+    "events_topic",
+    "events_buffer_steps",
+)
+
+#: What the startup line says when no metrics are exported.
+METRICS_OFF_LINE = (
+    "encoder cache: Prometheus metrics off; to add them to vLLM's /metrics, export "
+    "PROMETHEUS_MULTIPROC_DIR=<an empty directory> before starting vLLM, or set manager_config "
+    "metrics_port for an exporter of their own"
+)
+
+
+@dataclass(frozen=True)
+class ObserveOptions:
+    """The metrics and events keys of ``manager_config``.
+
+    - ``metrics_port``: without ``PROMETHEUS_MULTIPROC_DIR``, serve the
+      ``encoder_cache:`` metrics on this port (``metrics_host``, default
+      0.0.0.0); engine N of several uses ``metrics_port + N``. With the
+      directory set, the metrics go to vLLM's ``/metrics`` and this is unused.
+    - ``events_endpoint``: publish cache events on this ZMQ endpoint (e.g.
+      ``tcp://*:5570``; a wildcard host or port, ``ipc://`` and ``inproc://``
+      are bound, others connected to); off without it.
+    - ``events_replay_endpoint``: bind a replay socket here (e.g. ``tcp://*:5571``).
+    - ``events_topic``: the topic frame (default ``encoder-cache``).
+    - ``events_buffer_steps``: batches (steps) kept for replay (default 10,000).
+
+    With several engines, the endpoints' ports move up by the engine index, as
+    vLLM's KV-event endpoints do.
+    """
+
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    events_endpoint: str | None = None
+    events_replay_endpoint: str | None = None
+    events_topic: str = wire.DEFAULT_TOPIC
+    events_buffer_steps: int = 10_000
+
+    @classmethod
+    def parse(cls, options: dict[str, Any]) -> ObserveOptions:
+        """The observability keys of ``options`` (others are ignored); ValueError naming a bad one."""
+        port = options.get("metrics_port")
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+            raise ValueError(f"manager_config metrics_port must be a port number (1-65535), got {port!r}")
+        strings = {}
+        for key in ("metrics_host", "events_endpoint", "events_replay_endpoint", "events_topic"):
+            value = options.get(key)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"manager_config {key} must be a string, got {value!r}")
+            strings[key] = value
+        for key in ("events_endpoint", "events_replay_endpoint"):
+            value = strings[key]
+            if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError(f"manager_config {key} must be a tcp://, ipc:// or inproc:// endpoint, got {value!r}")
+        if strings["events_endpoint"] is None:
+            for key in ("events_replay_endpoint", "events_topic", "events_buffer_steps"):
+                if key in options:
+                    raise ValueError(f"manager_config {key} needs events_endpoint")
+        steps = options.get("events_buffer_steps", 10_000)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"manager_config events_buffer_steps must be a positive int, got {steps!r}")
+        return cls(
+            port,
+            strings["metrics_host"] or "0.0.0.0",
+            strings["events_endpoint"],
+            strings["events_replay_endpoint"],
+            wire.DEFAULT_TOPIC if strings["events_topic"] is None else strings["events_topic"],
+            steps,
+        )
+
+    def observers(
+        self,
+        *,
+        engine: int = 0,
+        model_name: str = "",
+        log: Callable[[dict[str, Any]], None] | None = None,
+        log_interval: float = 0.0,
+        announce: Callable[[str], None] | None = None,
+    ) -> StepObservers:
+        """The observers these options ask for, for engine ``engine``: starts the
+        metrics exporter and the event publisher. ``announce`` gets the startup
+        line when no metrics are exported."""
+        from encoder_cache import metrics as prom
+
+        cache_metrics = None
+        if prom.multiprocess_dir() is not None:
+            cache_metrics = prom.CacheMetrics(model_name=model_name, engine=engine)
+        elif self.metrics_port is not None:
+            registry = prom.start_exporter(self.metrics_port + engine, self.metrics_host)
+            cache_metrics = prom.CacheMetrics(model_name=model_name, engine=engine, registry=registry)
+        elif announce is not None:
+            announce(METRICS_OFF_LINE)
+        publisher = None
+        if self.events_endpoint is not None:
+            from encoder_cache.events.publisher import EventPublisher, engine_endpoint
+
+            replay = self.events_replay_endpoint
+            publisher = EventPublisher(
+                engine_endpoint(self.events_endpoint, engine),
+                replay_endpoint=None if replay is None else engine_endpoint(replay, engine),
+                topic=self.events_topic,
+                buffer_steps=self.events_buffer_steps,
+                engine=engine,
+            )
+        return StepObservers(log=log, log_interval=log_interval, metrics=cache_metrics, publisher=publisher)
