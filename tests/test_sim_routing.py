@@ -206,6 +206,7 @@ def test_the_routing_table_and_its_json(capsys):
         (["--replicas", "2", "--guess-entries", "0"], "--guess-entries must be >= 1, got 0"),
         (["--replicas", "2", "--cache-sizes", "4096,8192"], "--replicas runs one size per replica: give one"),
         (["--replicas", "2", "--behaviour", "fixed"], "--behaviour belongs to the policy comparison"),
+        (["--replicas", "2", "--engine", "vllm"], "--replicas runs the built-in model only: drop --engine vllm"),
     ],
 )
 def test_bad_routing_options_are_one_line_and_exit_2(capsys, argv, message):
