@@ -121,6 +121,28 @@ def test_cache_aware_sends_a_repeated_item_to_the_replica_that_holds_it(tmp_path
     assert rr.counters.encoded_embeds == 2 * 1000 + 600 + 700, "round-robin encodes x again on replica 1"
 
 
+def test_placements_in_flight_keep_a_new_item_together_before_any_event_says_so(tmp_path):
+    # Two requests for a new image in the same step: no replica has stored it yet.
+    workload = trace(tmp_path, [(0, [("x", 1000)]), (0, [("x", 1000)])])
+    aware = simulate_routing(workload, LIMITS, Variant(), 2, "cache-aware")
+    placed = Cluster(
+        workload,
+        LIMITS,
+        Variant(),
+        2,
+        "cache-aware+placed",
+        cache_size=None,
+        cost=EncoderCost(),
+        sticky=True,
+        check=False,
+        router_options={},
+    )
+    result = placed.run()
+    assert [r.requests for r in aware.per_replica] == [1, 1] and aware.counters.encoded_embeds == 2000
+    assert [r.requests for r in result.per_replica] == [2, 0] and result.counters.encoded_embeds == 1000
+    assert placed.router.in_flight == [{}, {}], "every placement is forgotten once its request finished"
+
+
 def test_the_lru_guess_is_wrong_after_an_eviction_and_the_events_are_not(tmp_path):
     # A cache of one item per replica: w on replica 0 evicts x, which the guess still places there.
     workload = trace(tmp_path, [(0, [("x", 1000)]), (10, [("v", 1000)]), (20, [("w", 1000)]), (40, [("x", 1000)])])

@@ -239,6 +239,7 @@ class Cluster:
 
     def finished(self, replica: int, spec: RequestSpec, clock: int) -> None:
         self.loads[replica] -= 1
+        self.router.finished(spec, replica)
         self.arrivals.finished(spec, clock)
         self.latency_steps += clock + 1 - self.arrived_at.pop(spec.request_id)
         self.finished_requests += 1

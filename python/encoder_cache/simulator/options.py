@@ -364,7 +364,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_names,
         metavar="LIST",
         help="routing choices: round-robin, least-loaded, lru-guess (llm-d's router-side LRU of placed item "
-        "hashes), cache-aware (the replicas' exact cache events) (default: all)",
+        "hashes), cache-aware (the replicas' exact cache events), cache-aware+placed (the events plus the "
+        "router's unfinished placements) (default: all)",
     )
     routing.add_argument(
         "--overload-slack",

@@ -10,7 +10,10 @@ finished, as a router counts them) and picks one replica per request:
   places a request there (nothing tells it what the replica evicted), sized
   at 4,096 MB per server at an assumed 2 MiB per entry (2,048 entries);
 - ``cache-aware``: the exact cache events of every replica, applied to an
-  ``encoder_cache.events.CacheIndex``, scored with its ``score(items)``.
+  ``encoder_cache.events.CacheIndex``, scored with its ``score(items)``;
+- ``cache-aware+placed``: the same events, plus the items of the requests the
+  router has placed on each replica and that have not finished: what the
+  replica is about to encode, before any event can say so.
 
 The two cache routers share one selection rule, so that only their view of
 the caches differs: among the replicas that are not overloaded (at most
@@ -32,6 +35,7 @@ __all__ = [
     "GUESS_ENTRIES",
     "ROUTINGS",
     "CacheAware",
+    "CacheAwarePlaced",
     "LeastLoaded",
     "LruGuess",
     "RoundRobin",
@@ -40,7 +44,7 @@ __all__ = [
     "request_items",
 ]
 
-ROUTINGS = ("round-robin", "least-loaded", "lru-guess", "cache-aware")
+ROUTINGS = ("round-robin", "least-loaded", "lru-guess", "cache-aware", "cache-aware+placed")
 #: llm-d's default: 4,096 MB per server over an assumed 2 MiB per cached item.
 GUESS_ENTRIES = 4096 // 2
 #: A replica is overloaded with more than this many requests above the least-loaded one.
@@ -66,6 +70,9 @@ class Router:
 
     def placed(self, spec: RequestSpec, replica: int) -> None:
         """The request went to ``replica`` (by this router or by its session)."""
+
+    def finished(self, spec: RequestSpec, replica: int) -> None:
+        """A request placed on ``replica`` finished."""
 
     def believes(self, replica: int, identifier: str) -> bool | None:
         """Whether the router thinks ``replica`` holds the item (None: it has no view)."""
@@ -157,6 +164,40 @@ class CacheAware(_Affinity):
         return identifier in self.index.engine(replica).items
 
 
+class CacheAwarePlaced(CacheAware):
+    """The exact cached items, plus those of the requests placed and not finished."""
+
+    name = "cache-aware+placed"
+
+    def __init__(self, replicas: int, slack: int, index: CacheIndex) -> None:
+        super().__init__(replicas, slack, index)
+        #: Per replica: identifier -> unfinished placed requests that carry it.
+        self.in_flight: list[dict[str, int]] = [{} for _ in range(replicas)]
+
+    def held(self, items: dict[str, int]) -> list[int]:
+        scores = []
+        for r in range(self.replicas):
+            cached, placed = self.index.engine(r).items, self.in_flight[r]
+            scores.append(sum(n for h, n in items.items() if h in cached or h in placed))
+        return scores
+
+    def placed(self, spec: RequestSpec, replica: int) -> None:
+        counts = self.in_flight[replica]
+        for identifier in request_items(spec):
+            counts[identifier] = counts.get(identifier, 0) + 1
+
+    def finished(self, spec: RequestSpec, replica: int) -> None:
+        counts = self.in_flight[replica]
+        for identifier in request_items(spec):
+            if counts[identifier] == 1:
+                del counts[identifier]
+            else:
+                counts[identifier] -= 1
+
+    def believes(self, replica: int, identifier: str) -> bool:
+        return super().believes(replica, identifier) or identifier in self.in_flight[replica]
+
+
 def make_router(name: str, replicas: int, index: CacheIndex, *, slack: int = DEFAULT_SLACK, **options: Any) -> Router:
     """The router called ``name`` (one of ``ROUTINGS``); ``index`` is the replicas' exact cache index."""
     if name == "round-robin":
@@ -167,4 +208,6 @@ def make_router(name: str, replicas: int, index: CacheIndex, *, slack: int = DEF
         return LruGuess(replicas, slack, options.get("guess_entries", GUESS_ENTRIES))
     if name == "cache-aware":
         return CacheAware(replicas, slack, index)
+    if name == "cache-aware+placed":
+        return CacheAwarePlaced(replicas, slack, index)
     raise ValueError(f"unknown routing {name!r}; choose from {', '.join(ROUTINGS)}")

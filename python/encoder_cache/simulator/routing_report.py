@@ -98,36 +98,37 @@ class RoutingReport:
         return "\n".join(lines)
 
     def headline(self) -> list[str]:
-        """What cache-aware routing saves against round-robin and the LRU guess, with load imbalance."""
+        """What the exact-event routers save against round-robin and the LRU guess, with load imbalance."""
         by = self._by_name()
-        aware = by.get("cache-aware")
-        if aware is None:
-            return []
-        parts = []
-        for other in ("round-robin", "lru-guess"):
-            if other in by:
-                o = by[other]
-                parts.append(
-                    f"{_pct(aware.counters.encoded_embeds, o.counters.encoded_embeds)} against {other} "
-                    f"(load imbalance {aware.load_imbalance:.3f} against {o.load_imbalance:.3f})"
-                )
-        out = ["cache-aware routing encodes " + "; ".join(parts) + "." if parts else ""]
+        out = []
+        for name in ("cache-aware", "cache-aware+placed"):
+            aware = by.get(name)
+            if aware is None:
+                continue
+            parts = [
+                f"{_pct(aware.counters.encoded_embeds, by[other].counters.encoded_embeds)} against {other} "
+                f"(load imbalance {aware.load_imbalance:.3f} against {by[other].load_imbalance:.3f})"
+                for other in ("round-robin", "lru-guess")
+                if other in by
+            ]
+            if parts:
+                out.append(f"{name} routing encodes " + "; ".join(parts) + ".")
         guess = by.get("lru-guess")
         if guess is not None and guess.guess_precision is not None:
             out.append(
                 f"The LRU guess believed {guess.believed_embeds:,} embeddings cached where it placed requests; "
                 f"{guess.guess_precision:.1%} of them were (the rest had been evicted)."
             )
-        return [line for line in out if line]
+        return out
 
     def to_json(self, config: dict[str, Any]) -> dict[str, Any]:
         by = self._by_name()
-        aware, rr, guess = by.get("cache-aware"), by.get("round-robin"), by.get("lru-guess")
 
-        def saving(other: RoutingResult | None) -> float | None:
-            if aware is None or other is None or not other.counters.encoded_embeds:
+        def saving(name: str, other: str) -> float | None:
+            a, o = by.get(name), by.get(other)
+            if a is None or o is None or not o.counters.encoded_embeds:
                 return None
-            return aware.counters.encoded_embeds / other.counters.encoded_embeds - 1
+            return a.counters.encoded_embeds / o.counters.encoded_embeds - 1
 
         return {
             "workload": config,
@@ -138,6 +139,8 @@ class RoutingReport:
             "overload_slack": self.slack,
             "guess_entries": self.guess_entries,
             "results": [r.as_dict() for r in self.results],
-            "cache_aware_vs_round_robin": saving(rr),
-            "cache_aware_vs_lru_guess": saving(guess),
+            "cache_aware_vs_round_robin": saving("cache-aware", "round-robin"),
+            "cache_aware_vs_lru_guess": saving("cache-aware", "lru-guess"),
+            "cache_aware_placed_vs_round_robin": saving("cache-aware+placed", "round-robin"),
+            "cache_aware_placed_vs_lru_guess": saving("cache-aware+placed", "lru-guess"),
         }
