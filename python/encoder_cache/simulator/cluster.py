@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from encoder_cache.events import wire
 from encoder_cache.events.index import CacheIndex
 from encoder_cache.observed import StepObservers, observed_class
 from encoder_cache.simulator.arrivals import Arrivals
@@ -122,9 +123,14 @@ class _IndexFeed:
         self.name = name
         self.seq = -1
 
+        self.router: Router | None = None
+
     def publish(self, record: Any) -> None:
         self.seq += 1
-        self.index.apply_events(self.name, self.seq, record.events())
+        events = record.events()
+        self.index.apply_events(self.name, self.seq, events)
+        if self.router is not None:
+            self.router.stored(self.name, [e["hash"] for e in events if e["type"] == wire.STORED])
 
     def close(self) -> None:
         pass
@@ -187,13 +193,16 @@ class Cluster:
         self.size = derived if cache_size is None else max(cache_size, *workload.max_embeds_per_item().values(), 1)
         self.workload = workload
         self.index = CacheIndex()
-        self.managers = [evented_manager(variant, self.size, _IndexFeed(self.index, r)) for r in range(replicas)]
+        feeds = [_IndexFeed(self.index, r) for r in range(replicas)]
+        self.managers = [evented_manager(variant, self.size, feed) for feed in feeds]
         self.inboxes = [_Inbox(self, r) for r in range(replicas)]
         self.runs = [
             steppable(self.inboxes[r], limits, self.managers[r], budget, cost, lookahead=variant.lookahead, check=check)
             for r in range(replicas)
         ]
         self.router: Router = make_router(routing, replicas, self.index, **router_options)
+        for feed in feeds:
+            feed.router = self.router
         self.sticky = sticky
         self.sessions: dict[str, int] = {}
         self.loads = [0] * replicas

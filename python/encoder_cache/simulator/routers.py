@@ -12,8 +12,9 @@ finished, as a router counts them) and picks one replica per request:
 - ``cache-aware``: the exact cache events of every replica, applied to an
   ``encoder_cache.events.CacheIndex``, scored with its ``score(items)``;
 - ``cache-aware+placed``: the same events, plus the items of the requests the
-  router has placed on each replica and that have not finished: what the
-  replica is about to encode, before any event can say so.
+  router has placed on each replica and not yet seen stored there (until the
+  request finishes): what the replica is about to encode, before any event
+  can say so.
 
 The two cache routers share one selection rule, so that only their view of
 the caches differs: among the replicas that are not overloaded (at most
@@ -73,6 +74,9 @@ class Router:
 
     def finished(self, spec: RequestSpec, replica: int) -> None:
         """A request placed on ``replica`` finished."""
+
+    def stored(self, replica: int, identifiers: list[str]) -> None:
+        """``replica``'s events reported these items stored."""
 
     def believes(self, replica: int, identifier: str) -> bool | None:
         """Whether the router thinks ``replica`` holds the item (None: it has no view)."""
@@ -165,14 +169,15 @@ class CacheAware(_Affinity):
 
 
 class CacheAwarePlaced(CacheAware):
-    """The exact cached items, plus those of the requests placed and not finished."""
+    """The exact cached items, plus those of the requests placed on a replica
+    that its events have not reported stored yet (and that have not finished)."""
 
     name = "cache-aware+placed"
 
     def __init__(self, replicas: int, slack: int, index: CacheIndex) -> None:
         super().__init__(replicas, slack, index)
-        #: Per replica: identifier -> unfinished placed requests that carry it.
-        self.in_flight: list[dict[str, int]] = [{} for _ in range(replicas)]
+        #: Per replica: identifier -> the unfinished placed requests waiting for it to be stored.
+        self.in_flight: list[dict[str, set[str]]] = [{} for _ in range(replicas)]
 
     def held(self, items: dict[str, int]) -> list[int]:
         scores = []
@@ -182,17 +187,23 @@ class CacheAwarePlaced(CacheAware):
         return scores
 
     def placed(self, spec: RequestSpec, replica: int) -> None:
-        counts = self.in_flight[replica]
+        waiting = self.in_flight[replica]
         for identifier in request_items(spec):
-            counts[identifier] = counts.get(identifier, 0) + 1
+            waiting.setdefault(identifier, set()).add(spec.request_id)
+
+    def stored(self, replica: int, identifiers: list[str]) -> None:
+        waiting = self.in_flight[replica]
+        for identifier in identifiers:
+            waiting.pop(identifier, None)  # the index knows it from now on
 
     def finished(self, spec: RequestSpec, replica: int) -> None:
-        counts = self.in_flight[replica]
+        waiting = self.in_flight[replica]
         for identifier in request_items(spec):
-            if counts[identifier] == 1:
-                del counts[identifier]
-            else:
-                counts[identifier] -= 1
+            requests = waiting.get(identifier)
+            if requests is not None:
+                requests.discard(spec.request_id)
+                if not requests:
+                    del waiting[identifier]
 
     def believes(self, replica: int, identifier: str) -> bool:
         return super().believes(replica, identifier) or identifier in self.in_flight[replica]
