@@ -26,7 +26,8 @@ placed each request.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
+from time import perf_counter
 from typing import Any
 
 from encoder_cache.events import wire
@@ -77,7 +78,6 @@ class RoutingResult:
     #: Placements decided by a session's earlier turn.
     sticky_placements: int = 0
     wall_seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def load_imbalance(self) -> float:
@@ -192,6 +192,7 @@ class Cluster:
         budget, derived = limits.encoder_budget(workload.max_embeds_per_item())
         self.size = derived if cache_size is None else max(cache_size, *workload.max_embeds_per_item().values(), 1)
         self.workload = workload
+        self.arrivals = Arrivals(iter(()))  # the workload's, from run()
         self.index = CacheIndex()
         feeds = [_IndexFeed(self.index, r) for r in range(replicas)]
         self.managers = [evented_manager(variant, self.size, feed) for feed in feeds]
@@ -324,8 +325,6 @@ def simulate_routing(
     """Replay ``workload`` through ``replicas`` replicas behind the ``routing`` router
     (``routers.ROUTINGS``); each replica runs ``variant``'s manager at ``cache_size``
     (default: the size vLLM derives). ``router_options``: ``slack``, ``guess_entries``."""
-    from time import perf_counter
-
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     cluster = Cluster(

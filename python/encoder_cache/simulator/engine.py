@@ -195,9 +195,8 @@ class _Run:
     # schedules the next step before processing the previous one's output.
 
     def run(self, until: int | None = None) -> None:
-        """Run the workload to its end; or, for a driver that feeds ``arrivals``
-        itself (a router), run up to step ``until`` and return: the driver's
-        ``arrivals.next_event()`` then gives ``until`` while nothing else is due."""
+        """Run the workload to its end; or, for a driver feeding ``arrivals`` (whose
+        ``next_event()`` then gives ``until`` when nothing else is due), up to step ``until``."""
         batches = self.batches
         while until is None or self.clock < until:
             self._read_arrivals()
@@ -591,16 +590,14 @@ def steppable(
     arrivals: Any,
     limits: SchedulerLimits,
     manager: Any,
-    encoder_compute_budget: int,
+    budget: int,
     cost: EncoderCost,
     *,
-    lookahead: bool = False,
-    check: bool = False,
+    lookahead: bool,
+    check: bool,
 ) -> _Run:
-    """A run that a driver feeds and advances: ``arrivals`` has ``Arrivals``'
-    interface (``due``, ``next_event``, ``finished``, ``in_flight``) and the
-    driver calls ``run(until)`` window by window (see ``cluster.py``)."""
-    run = _Run(iter(()), limits, manager, encoder_compute_budget, cost, lookahead, None, check, None)
+    """A run fed by ``arrivals`` (``Arrivals``' interface) that a driver advances with ``run(until)`` (``cluster.py``)."""
+    run = _Run(iter(()), limits, manager, budget, cost, lookahead, None, check, None)
     run.arrivals = arrivals
     return run
 
