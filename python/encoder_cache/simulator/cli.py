@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from encoder_cache.simulator import oracle
 from encoder_cache.simulator.cost import DEFAULT_PER_EMBED_SQ_US, DEFAULT_PER_EMBED_US, EncoderCost
+from encoder_cache.simulator.engine import simulate
 from encoder_cache.simulator.host_search import HostSection, fill_host
 from encoder_cache.simulator.host_tier import HOST_POLICIES
 from encoder_cache.simulator.limits import SchedulerLimits
@@ -35,7 +36,9 @@ from encoder_cache.simulator.plot import plot
 from encoder_cache.simulator.progress import Progress
 from encoder_cache.simulator.report import Report
 from encoder_cache.simulator.results import SimulationError
-from encoder_cache.simulator.sweep import Runner, fill, planned_runs
+from encoder_cache.simulator.routing_cli import check_routing_flags, run_routing
+from encoder_cache.simulator.routing_report import RoutingReport
+from encoder_cache.simulator.sweep import Engine, Runner, fill, planned_runs
 from encoder_cache.simulator.trace import TraceError, TraceWorkload, write_trace
 from encoder_cache.simulator.variants import (
     BEHAVIOURS,
@@ -102,6 +105,8 @@ def _variants(args: argparse.Namespace) -> list[Variant]:
             raise UsageError(f"--behaviour {unknown[0]}: unknown; choose from {', '.join(BEHAVIOURS)}")
         if args.policy is not None or args.lookahead or args.impl not in (None, ["python"]):
             raise UsageError("--behaviour compares the vllm policy in python: drop --policy, --lookahead and --impl")
+        if args.engine == "vllm":
+            raise UsageError("--behaviour runs the python twin, in the built-in model only (drop --engine vllm)")
         return [Variant("vllm", False, "python", b, label=b) for b in args.behaviour]
     implementations = args.impl or []
     unknown = [i for i in implementations if i not in IMPLEMENTATIONS]
@@ -109,7 +114,15 @@ def _variants(args: argparse.Namespace) -> list[Variant]:
         raise UsageError(f"--impl {unknown[0]}: unknown; choose from {', '.join(IMPLEMENTATIONS)}")
     offered = {i: available_policies(i) for i in IMPLEMENTATIONS}
     known = tuple(dict.fromkeys([*offered["rust"], *offered["python"]]))
-    if oracle.AVAILABLE:
+    if args.engine == "vllm":
+        # vLLM's hooks take the compiled manager; the oracle and the twin live in the model only.
+        if implementations not in ([], ["rust"]):
+            raise UsageError("--impl: --engine vllm runs the compiled manager (rust) only")
+        implementations = ["rust"]
+        known = offered["rust"]
+        if args.policy is not None and "oracle" in args.policy:
+            raise UsageError("--policy oracle: the oracle runs in the built-in model only (drop --engine vllm)")
+    elif oracle.AVAILABLE:
         known += ("oracle",)
     policies = args.policy or list(known)
     unknown = [p for p in policies if p not in known]
@@ -155,10 +168,10 @@ def _host_tiers(args: argparse.Namespace, bytes_per_embed: int, basis: str) -> t
         return None
     if args.behaviour is not None:
         raise UsageError("--behaviour compares release behaviours without a host tier: drop --host-cache-gib")
-    if getattr(args, "engine", "model") != "model":
+    if args.engine == "vllm":
         raise UsageError(
-            "--host-cache-gib runs in the built-in model (--engine model) only: the vLLM engine does not "
-            "drive vLLM's ECCPUConnector"
+            "--host-cache-gib: the host tier runs in the built-in model only; the vLLM engine does not drive "
+            "vLLM's ECCPUConnector (drop --engine vllm)"
         )
     policies = args.host_policy or list(HOST_POLICIES)
     unknown = [p for p in policies if p not in HOST_POLICIES]
@@ -170,6 +183,19 @@ def _host_tiers(args: argparse.Namespace, bytes_per_embed: int, basis: str) -> t
             f"--host-cache-gib {min(args.host_cache_gib):g}: holds no embedding of {bytes_per_embed:,} bytes ({basis})"
         )
     return sorted(set(sizes)), policies
+
+
+def _engine(args: argparse.Namespace) -> Engine:
+    """The function that runs one variant: the built-in model, or vLLM's own scheduler."""
+    if args.engine != "vllm":
+        return simulate
+    from encoder_cache.simulator import vllm_engine
+
+    try:
+        vllm_engine.require()
+    except vllm_engine.EngineUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    return vllm_engine.simulate_vllm
 
 
 def _workload(args: argparse.Namespace, step_seconds: float) -> Any:
@@ -203,7 +229,51 @@ def _max_tokens(workload: Any) -> int:
     return workload.max_tokens() or 0
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> Report | None:
+def _run_routing(
+    args: argparse.Namespace,
+    out: TextIO,
+    limits: SchedulerLimits,
+    cost: EncoderCost,
+    bytes_per_embed: int,
+    step_seconds: float,
+) -> RoutingReport | None:
+    cache_sizes = None
+    if args.cache_sizes is not None:
+        try:
+            cache_sizes = args.cache_sizes.embeds(bytes_per_embed)
+        except ValueError as exc:
+            raise UsageError(f"--cache-sizes: {exc}") from None
+
+    def workload() -> Any:
+        loaded = _workload(args, step_seconds)
+        if _max_tokens(loaded) > limits.kv_tokens:
+            raise UsageError(
+                f"a request needs more tokens of KV cache than the {limits.kv_tokens:,} --kv-capacity "
+                f"{limits.kv_capacity:,} holds; raise it or shrink the workload"
+            )
+        if not loaded.max_embeds_per_item():
+            out.write(f"{loaded.describe()}: no request has a multimodal item: nothing to route by.\n")
+            return None
+        return loaded
+
+    try:
+        return run_routing(
+            args,
+            out,
+            limits=limits,
+            cost=cost,
+            bytes_per_embed=bytes_per_embed,
+            step_seconds=step_seconds,
+            cache_sizes=cache_sizes,
+            workload=workload,
+        )
+    except ValueError as exc:
+        raise UsageError(flagged(str(exc))) from None
+
+
+def run(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> Report | RoutingReport | None:
     """Run what ``args`` describe; the report goes to ``out`` (stdout), the
     progress bar to ``err`` (stderr) when it is a terminal."""
     out = sys.stdout if out is None else out
@@ -213,7 +283,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if step_seconds <= 0:
         raise UsageError(f"--step-seconds must be > 0, got {step_seconds:g}")
     try:
-        limits = SchedulerLimits(**given(args, SchedulerLimits), prefix_caching=not args.no_prefix_caching)
+        limits = SchedulerLimits(
+            **given(args, SchedulerLimits),
+            prefix_caching=not args.no_prefix_caching,
+            async_scheduling=not args.no_async_scheduling,
+            reserve_full_isl=not args.no_scheduler_reserve_full_isl,
+        )
         cost = EncoderCost(
             DEFAULT_PER_EMBED_US if args.encoder_us_per_embed is None else args.encoder_us_per_embed,
             DEFAULT_PER_EMBED_SQ_US if args.encoder_us_per_embed_sq is None else args.encoder_us_per_embed_sq,
@@ -227,7 +302,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         raise UsageError(flagged(message)) from None
     bytes_per_embed, basis = _memory(args)
     host_tiers = _host_tiers(args, bytes_per_embed, basis)
-    jobs = min(2, os.cpu_count() or 1) if args.jobs is None else args.jobs
+    unrouted = check_routing_flags(args)
+    if unrouted is not None:
+        raise UsageError(unrouted)
+    if args.replicas is not None:
+        if host_tiers is not None:
+            raise UsageError("--host-cache-gib sizes one engine's host tier: drop --replicas")
+        return _run_routing(args, out, limits, cost, bytes_per_embed, step_seconds)
+    engine = _engine(args)
+    jobs = (1 if args.engine == "vllm" else min(2, os.cpu_count() or 1)) if args.jobs is None else args.jobs
     if jobs <= 0:
         raise UsageError(f"--jobs must be > 0, got {jobs}")
     export = None if args.export_trace is None else _writable_file("--export-trace", args.export_trace, None)
@@ -257,9 +340,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     workload = _workload(args, step_seconds)
     notes: list[str] = []
     largest = _max_tokens(workload)
-    if largest > limits.kv_capacity:
+    if largest > limits.kv_tokens:
         raise UsageError(
-            f"a request needs {largest:,} tokens of KV cache, more than --kv-capacity {limits.kv_capacity:,}; "
+            f"a request needs {largest:,} tokens of KV cache, more than the {limits.kv_tokens:,} --kv-capacity "
+            f"{limits.kv_capacity:,} holds (whole 16-token blocks, one kept out of the pool as vLLM does); "
             "raise it or shrink the workload"
         )
     if export is not None:
@@ -297,6 +381,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         basis,
         default_size,
         behaviour=args.behaviour is not None,
+        engine=args.engine,
         notes=notes,
         host=None if host_tiers is None else HostSection(step_seconds),
     )
@@ -307,7 +392,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if not args.no_progress and err.isatty():
         total = planned_runs(len(variants), len(sizes), sweep, explicit)
         bar = Progress(total * workload.num_requests, err)
-    runner = Runner(workload, limits, cost, args.check, jobs, bar)
+    runner = Runner(workload, limits, cost, args.check, jobs, bar, engine)
     try:
         fill(report, runner, variants, sizes, sweep, explicit)
         if host_tiers is not None:

@@ -16,8 +16,9 @@ The scheduler side, step by step, as the engine calls it:
   unpinned entries in the policy's order, and fails (the item is simply not
   saved) when even that would not make room. An item whose entry is ready is
   pinned for its load.
-- When the step's work is done, the worker reports its copies: saved entries
-  become ready (and evictable), loaded ones are unpinned.
+- When the step's output is processed (a step later with async scheduling),
+  the worker has reported its copies: saved entries become ready (and
+  evictable), loaded ones are unpinned.
 
 The region is cut into blocks of one embedding row each (the model's hidden
 size times the dtype's bytes), so an item of ``n`` embeddings takes ``n``
@@ -185,18 +186,24 @@ class HostTierModel:
             self._step_loaded += num_embeds
             self._decided("load", identifier)
 
-    def step_done(self) -> None:
-        """The worker reports the step's copies: saves become ready, loads are unpinned."""
-        for identifier in self._saves:
-            if self.cache.get(identifier) is not None:
-                self.cache.mark_ready(identifier)
-        for identifier in self._loads:
-            self.cache.unpin(identifier)
+    def take_step(self) -> tuple[list[str], list[str]]:
+        """The step is scheduled (``build_connector_meta``): its saves and loads go to the worker."""
+        work = (self._saves, list(self._loads))
         self._saves = []
         self._loads = {}
         if self._step_loaded > self.counters.peak_step_loaded_embeds:
             self.counters.peak_step_loaded_embeds = self._step_loaded
         self._step_loaded = 0
+        return work
+
+    def completed(self, work: tuple[list[str], list[str]]) -> None:
+        """The worker reports a step's copies done: saves become ready, loads are unpinned."""
+        saves, loads = work
+        for identifier in saves:
+            if self.cache.get(identifier) is not None:
+                self.cache.mark_ready(identifier)
+        for identifier in loads:
+            self.cache.unpin(identifier)
 
     def _evictions(self) -> int:
         stats = getattr(self.cache, "stats", None)

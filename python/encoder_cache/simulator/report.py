@@ -87,6 +87,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     #: The host-tier runs (a ``host_search.HostSection``), when a host tier was asked for.
     host: Any = None
+    #: Which engine ran the workload: the built-in ``model`` or ``vllm``'s own scheduler.
+    engine: str = "model"
 
     # What the runs say
 
@@ -228,8 +230,11 @@ class Report:
     def header(self) -> str:
         limits = self.limits
         prefix = "on" if limits.prefix_caching else "off"
+        engine = "vLLM 0.33's scheduler" if self.engine == "vllm" else "the scheduler model"
         return (
-            f"{self.description} | max_num_batched_tokens {limits.max_num_batched_tokens}, "
+            f"{self.description} | {engine}, {'async' if limits.async_scheduling else 'sync'} scheduling, "
+            f"admission {'whole prompt' if limits.reserve_full_isl else 'first chunk'} | "
+            f"max_num_batched_tokens {limits.max_num_batched_tokens}, "
             f"max_num_seqs {limits.max_num_seqs}, KV cache {limits.kv_capacity:,} tokens, prefix caching {prefix} | "
             f"encoder cost {self.cost.per_embed_us:g} us/embed + {self.cost.per_embed_sq_us:g} us/embed^2 | "
             f"{self.bytes_per_embed:,} bytes per embedding ({self.memory_basis})"
@@ -392,6 +397,7 @@ class Report:
         host = {} if self.host is None else {"host_tier": self.host.to_json(self, run)}
         return {
             "workload": config,
+            "engine": self.engine,
             "limits": asdict(self.limits),
             "cost": asdict(self.cost),
             "bytes_per_embed": self.bytes_per_embed,
