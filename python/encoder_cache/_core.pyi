@@ -226,12 +226,12 @@ class EncoderCacheManager:
     @property
     def freed(self) -> list[str]:
         """A snapshot: identifiers evicted since the last `get_freed_mm_hashes()`, in eviction order."""
-    def enable_events(self, max_pending: int = 65536) -> None:
+    def enable_events(self, max_pending: int | None = None) -> None:
         """Start recording cache events for `take_step_events()`: each
         allocation, each `get_freed_mm_hashes()` report, each `reset()`.
 
         Recording costs nothing while off (the default). At most
-        `max_pending` identifiers wait for a drain; past that the pending
+        `max_pending` identifiers (default 65,536) wait for a drain; past that the pending
         events are dropped and the next drain reports a clear and every
         cached item instead. Enabling again changes only the bound. Not part
         of `snapshot()`: a restored manager records nothing until enabled.

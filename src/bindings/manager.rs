@@ -285,13 +285,16 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
     /// allocation, each `get_freed_mm_hashes()` report, each `reset()`.
     ///
     /// Recording costs nothing while off (the default). At most
-    /// `max_pending` identifiers wait for a drain; past that the pending
+    /// `max_pending` identifiers (default 65,536) wait for a drain; past that the pending
     /// events are dropped and the next drain reports a clear and every
     /// cached item instead. Enabling again changes only the bound. Not part
     /// of `snapshot()`: a restored manager records nothing until enabled.
-    #[pyo3(signature = (max_pending = DEFAULT_MAX_PENDING as u64))]
-    fn enable_events(slf: &Bound<'_, Self>, max_pending: &Bound<'_, PyAny>) -> PyResult<()> {
-        let max_pending = usize::try_from(count(max_pending, "max_pending")?).unwrap_or(usize::MAX);
+    #[pyo3(signature = (max_pending = None))]
+    fn enable_events(slf: &Bound<'_, Self>, max_pending: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let max_pending = match max_pending {
+            Some(n) => usize::try_from(count(n, "max_pending")?).unwrap_or(usize::MAX),
+            None => DEFAULT_MAX_PENDING,
+        };
         slf.try_borrow_mut()?.cache.enable_events(max_pending);
         Ok(())
     }

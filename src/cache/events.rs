@@ -142,8 +142,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
 
     /// Every cached entry: name, embeddings, modality tag, sorted by name.
     pub fn cached_items(&self) -> Vec<(Key, u64, u8)> {
-        let mut items: Vec<(Key, u64, u8)> =
-            self.entries.iter().map(|(_, e)| (e.key.clone(), e.num_embeds, e.modality)).collect();
+        let mut items: Vec<(Key, u64, u8)> = self.entries.iter().map(|(_, e)| (e.key.clone(), e.num_embeds, e.modality)).collect();
         items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         items
     }

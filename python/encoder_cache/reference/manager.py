@@ -380,10 +380,10 @@ class EncoderCacheManager(StepLevelAPI):
 
     # Cache events (not part of the state: a restored manager has them off).
 
-    def enable_events(self, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+    def enable_events(self, max_pending: int | None = None) -> None:
         """Start recording cache events for ``take_step_events()``; at most
-        ``max_pending`` identifiers wait before the log overflows."""
-        max_pending = count(max_pending, "max_pending")
+        ``max_pending`` identifiers (default 65,536) wait before the log overflows."""
+        max_pending = DEFAULT_MAX_PENDING if max_pending is None else count(max_pending, "max_pending")
         if self._events is None:
             self._events = EventLog(max_pending)
         else:
