@@ -88,7 +88,7 @@ impl EventLog {
         self.stored = Vec::new();
     }
 
-    /// Empties the log, returning whether it overflowed.
+    /// Empties the log: `(overflowed, cleared, removed, stored)`.
     pub(crate) fn drain(&mut self) -> (bool, bool, Vec<Key>, Vec<(Key, u64)>) {
         let overflowed = std::mem::take(&mut self.overflowed);
         let cleared = std::mem::take(&mut self.cleared);
