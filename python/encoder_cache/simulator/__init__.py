@@ -16,10 +16,18 @@ The modules, each one thing:
   implementation, behaviour) and the factory of their managers.
 - ``limits``: the scheduler's limits and the encoder budget vLLM derives.
 - ``engine``: the built-in model of vLLM's scheduler, the run loop
-  (``simulate``); ``prefix_cache``: its KV block pool; ``checks``: the
-  invariants ``check=True`` verifies; ``oracle``: Belady's rule.
-- ``results``: what a run reports (``Counters``, ``RunResult``), whichever
-  engine ran it; ``cost``: the encoder time model.
+  (``simulate``); ``inflight``: its requests in flight and scheduled steps;
+  ``prefix_cache``: its KV block pool; ``checks``: the invariants
+  ``check=True`` verifies; ``oracle``: Belady's rule.
+- ``vllm_engine``: the same runs through vLLM 0.33's own scheduler
+  (``--engine vllm``).
+- ``ledger``: what each item occurrence cost, counted the same way by every
+  engine; ``results``: what a run reports (``Counters``, ``RunResult``),
+  whichever engine ran it; ``cost``: the encoder time model.
+- ``host_tier``: the host-memory tier (``HostBlockCache`` as vLLM's CPU
+  connector drives it); ``host_search``: its runs, table and recommendation.
+- ``routers``, ``cluster``: several replicas behind a router;
+  ``routing_cli``, ``routing_report``: the routing table.
 - ``report``: tables, recommendation and JSON from the runs; ``plot``;
   ``sweep``: which runs an invocation makes, through any engine.
 - ``options``, ``progress``, ``cli``: the command line.

@@ -139,7 +139,7 @@ class _IndexFeed:
 def evented_manager(variant: Variant, cache_size: int, feed: Any) -> Any:
     """``variant``'s manager, publishing its cache events to ``feed`` (anything with ``publish(record)``)."""
     base = type(variant.manager(cache_size))
-    cls = observed_class(base, events=True)
+    cls = observed_class(base)
     if available_policies(variant.implementation) == ("vllm",):
         manager = cls(cache_size)
     else:

@@ -30,15 +30,15 @@ from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
 
-from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 from encoder_cache.simulator import checks, oracle
 from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.host_tier import HostTierModel
+from encoder_cache.simulator.inflight import PREEMPTED, RUNNING, Batch, Live, blocks_for
 from encoder_cache.simulator.ledger import Ledger
 from encoder_cache.simulator.limits import SchedulerLimits
-from encoder_cache.simulator.prefix_cache import BLOCK_SIZE, BlockHasher, BlockPool
-from encoder_cache.simulator.prompts import Prompts, Run
+from encoder_cache.simulator.prefix_cache import BLOCK_SIZE, BlockPool
+from encoder_cache.simulator.prompts import Prompts
 from encoder_cache.simulator.results import Counters, RunResult, SimulationError
 from encoder_cache.simulator.spec import Answer, RequestSpec
 from encoder_cache.simulator.variants import Variant
@@ -47,72 +47,6 @@ __all__ = ["simulate"]
 
 #: How many sessions' last requests are kept to reuse their block hashes.
 RECENT_SESSIONS = 256
-
-
-class _Live:
-    """A request in flight: the manager's ``Request`` plus the scheduler's state."""
-
-    __slots__ = (
-        "blocks",
-        "drained",
-        "ends",
-        "finished",
-        "hasher",
-        "in_flight",
-        "num_cached",
-        "num_output",
-        "num_tokens",
-        "placeholders",
-        "request",
-        "served",
-        "spec",
-        "stale",
-        "starts",
-        "status",
-    )
-
-    def __init__(self, spec: RequestSpec, runs: list[Run]) -> None:
-        self.spec = spec
-        features = [
-            MultiModalFeature(item.identifier, PlaceholderRange(item.offset, item.length), item.modality)
-            for item in spec.items
-        ]
-        self.request = Request(spec.request_id, features)
-        self.num_tokens = spec.prompt_tokens  # prompt plus the output decoded so far
-        self.num_output = 0
-        self.served = [False] * len(features)  # encoded, hit or in the cached prefix since the (re)start
-        self.starts = [item.offset for item in spec.items]
-        self.ends = [item.offset + item.length for item in spec.items]
-        self.hasher = BlockHasher(runs, spec.items, BLOCK_SIZE)
-        self.blocks: list[int] = []
-        self.num_cached = 0  # leading blocks keyed in the prefix cache
-        self.drained = False  # every encoder input it could hold is freed (until a restart)
-        self.finished: int | None = None  # the step it finished at
-        self.status = _WAITING
-        #: Async scheduling: tokens scheduled but not sampled yet (vLLM's
-        #: output placeholders), tokens in steps not processed yet, and of
-        #: those the ones scheduled before a preemption (their output is stale).
-        self.placeholders = 0
-        self.in_flight = 0
-        self.stale = 0
-
-
-_WAITING, _RUNNING, _PREEMPTED = 0, 1, 2
-
-
-def _blocks_for(tokens: int) -> int:
-    return -(-tokens // BLOCK_SIZE)
-
-
-class _Batch:
-    """One scheduled step: ``(request, tokens, samples a token)`` per scheduled request."""
-
-    __slots__ = ("entries", "host_work", "tokens")
-
-    def __init__(self) -> None:
-        self.entries: list[tuple[_Live, int, bool]] = []
-        self.tokens = 0
-        self.host_work: Any = None  # the host tier's saves and loads of this step
 
 
 class _Run:
@@ -141,11 +75,11 @@ class _Run:
         self.clock = 0
         self.pool = BlockPool(limits.kv_capacity // BLOCK_SIZE, limits.prefix_caching)
         self.depth = 2 if limits.async_scheduling else 1  # steps in flight, as vLLM's batch queue
-        self.marked: dict[str, _Live] = {}  # lookahead marks: the waiting queue at the last step's start
+        self.marked: dict[str, Live] = {}  # lookahead marks: the waiting queue at the last step's start
         self.finished_since_schedule = False
-        self.running: list[_Live] = []
-        self.waiting: deque[_Live] = deque()
-        self.batches: deque[_Batch] = deque()  # scheduled steps whose output is not processed yet
+        self.running: list[Live] = []
+        self.waiting: deque[Live] = deque()
+        self.batches: deque[Batch] = deque()  # scheduled steps whose output is not processed yet
         self.idle = 0  # steps in a row that scheduled nothing
         self.arrivals = Arrivals(specs)
         self.prompts = Prompts()
@@ -161,13 +95,13 @@ class _Run:
 
     def _arrive(self, spec: RequestSpec) -> None:
         """``spec`` enters the waiting queue."""
-        live = _Live(spec, self.prompts.runs(spec))
+        live = Live(spec, self.prompts.runs(spec))
         if spec.session is not None and spec.segments is not None:
             self._reuse_hashes(live)
         self.ledger.arrived(spec)
         self.waiting.append(live)
 
-    def _reuse_hashes(self, live: _Live) -> None:
+    def _reuse_hashes(self, live: Live) -> None:
         """A session turn extending its previous turn hashes that turn's prompt and answer alike:
         take the full blocks' hashes it has already computed."""
         spec, recent = live.spec, self.recent
@@ -275,14 +209,14 @@ class _Run:
     # each request has one output placeholder, and its last scheduled token's
     # block is keyed only once that token comes back.
 
-    def _decode_only_steps(self, batches: deque[_Batch]) -> int:
+    def _decode_only_steps(self, batches: deque[Batch]) -> int:
         running = self.running
         if self.marked or len(running) > self.limits.max_num_batched_tokens:
             return 0
         if self.depth > 1:
             if len(batches) != 1 or len(batches[0].entries) != len(running):
                 return 0
-            if any(n != 1 or not samples or live.status != _RUNNING for live, n, samples in batches[0].entries):
+            if any(n != 1 or not samples or live.status != RUNNING for live, n, samples in batches[0].entries):
                 return 0
         elif batches:
             return 0
@@ -300,7 +234,7 @@ class _Run:
             steps = 0 if steps is None else when - self.clock  # type: ignore[operator]
         if steps < 2:
             return 0
-        need = sum(_blocks_for(live.request.num_computed_tokens + steps) - len(live.blocks) for live in running)
+        need = sum(blocks_for(live.request.num_computed_tokens + steps) - len(live.blocks) for live in running)
         return steps if need <= self.pool.num_free else 0
 
     def _fast_forward(self, steps: int) -> None:
@@ -308,7 +242,7 @@ class _Run:
         for live in self.running:
             request = live.request
             computed = request.num_computed_tokens + steps
-            need = _blocks_for(computed) - len(live.blocks)
+            need = blocks_for(computed) - len(live.blocks)
             if need > 0:
                 live.blocks += pool.allocate(need)
             request.num_computed_tokens = computed
@@ -323,7 +257,7 @@ class _Run:
             self.progress(self.counters.requests)
 
     def _try_schedule(
-        self, live: _Live, computed: int, num_new_tokens: int, budget: int
+        self, live: Live, computed: int, num_new_tokens: int, budget: int
     ) -> tuple[int, list[int], int, list[int], list[int]]:
         """``(num_new_tokens, to_encode, budget_after, repeated, to_load)`` for the request."""
         if not live.starts or live.ends[-1] <= computed:
@@ -340,14 +274,14 @@ class _Run:
         self.bookkeeping += perf_counter() - start
         return num_new_tokens, to_encode, budget, repeated, to_load
 
-    def _schedule(self) -> _Batch:
+    def _schedule(self) -> Batch:
         """vLLM 0.33's ``Scheduler.schedule()`` for one full-attention KV group."""
         if self.lookahead:
             self._sync_marks()
         limits, running, pool = self.limits, self.running, self.pool
         token_budget = limits.max_num_batched_tokens
         encoder_budget = self.encoder_compute_budget
-        batch = _Batch()
+        batch = Batch()
         preempted = False
         index = 0
         while index < len(running) and token_budget > 0:
@@ -363,7 +297,7 @@ class _Run:
             if num_new == 0:
                 index += 1
                 continue
-            need = _blocks_for(computed + num_new) - len(live.blocks)
+            need = blocks_for(computed + num_new) - len(live.blocks)
             while need > pool.num_free:
                 # Preempt the newest running request (perhaps this one).
                 victim = running.pop()
@@ -371,7 +305,7 @@ class _Run:
                 preempted = True
                 if victim is live:
                     break
-            if live.status != _RUNNING:
+            if live.status != RUNNING:
                 break
             if need > 0:
                 live.blocks += pool.allocate(need)
@@ -383,7 +317,7 @@ class _Run:
             self._start(live, num_new, to_encode, repeated, batch, to_load)
             index += 1
         if not preempted:
-            skipped: list[_Live] = []
+            skipped: list[Live] = []
             while self.waiting and token_budget > 0 and len(running) < limits.max_num_seqs:
                 live = self.waiting[0]
                 if live.stale:
@@ -404,9 +338,9 @@ class _Run:
                 # Admission: the whole prompt must fit (scheduler_reserve_full_isl),
                 # or else this step's chunk; cached hits in the free queue count as taken.
                 taken = pool.num_evictable(cached) - len(cached)
-                whole = _blocks_for(live.num_tokens) + taken
+                whole = blocks_for(live.num_tokens) + taken
                 if (limits.reserve_full_isl and whole > pool.num_free) or (
-                    _blocks_for(computed + num_new) + taken > pool.num_free
+                    blocks_for(computed + num_new) + taken > pool.num_free
                 ):
                     if live.starts:
                         start = perf_counter()
@@ -415,9 +349,9 @@ class _Run:
                     break
                 self.waiting.popleft()
                 running.append(live)
-                live.status = _RUNNING
+                live.status = RUNNING
                 pool.touch(cached)
-                live.blocks = cached + pool.allocate(_blocks_for(computed + num_new) - len(cached))
+                live.blocks = cached + pool.allocate(blocks_for(computed + num_new) - len(cached))
                 live.num_cached = len(cached)
                 request.num_computed_tokens = computed
                 self._cache_blocks(live, computed + num_new)
@@ -452,7 +386,7 @@ class _Run:
             entries[k] = (live, num_new, samples)
         return batch
 
-    def _cache_blocks(self, live: _Live, num_tokens: int) -> None:
+    def _cache_blocks(self, live: Live, num_tokens: int) -> None:
         """Key the request's full blocks up to ``num_tokens`` (of the tokens it has so far)."""
         pool = self.pool
         full = min(num_tokens, live.num_tokens) // BLOCK_SIZE
@@ -465,11 +399,11 @@ class _Run:
 
     def _start(
         self,
-        live: _Live,
+        live: Live,
         num_new: int,
         to_encode: list[int],
         repeated: list[int],
-        batch: _Batch,
+        batch: Batch,
         to_load: list[int],
     ) -> None:
         """Commit ``num_new`` tokens of ``live`` to this step and account for its items."""
@@ -489,7 +423,7 @@ class _Run:
         if self.check and (first < last or to_encode):
             checks.window(self.manager, request, first, last, to_encode)
 
-    def _host_alloc(self, live: _Live, to_encode: list[int], to_load: list[int]) -> None:
+    def _host_alloc(self, live: Live, to_encode: list[int], to_load: list[int]) -> None:
         """The host tier's part of an allocation, in vLLM's order: encoded items, then loaded ones."""
         host, items, served = self.host, live.spec.items, live.served
         assert host is not None
@@ -500,7 +434,7 @@ class _Run:
             host.after_alloc(items[i].identifier, items[i].length)
             served[i] = True  # loaded: neither encoded nor a hit of the GPU cache
 
-    def _preempt(self, live: _Live) -> None:
+    def _preempt(self, live: Live) -> None:
         start = perf_counter()
         self.manager.free(live.request)
         self.bookkeeping += perf_counter() - start
@@ -509,14 +443,14 @@ class _Run:
         live.num_cached = 0
         live.drained = False
         live.request.num_computed_tokens = 0
-        live.status = _PREEMPTED
+        live.status = PREEMPTED
         live.stale = live.in_flight  # its steps in flight deliver their tokens, then it may resume
         live.placeholders = 0
         self.ledger.restarted(live.spec, live.served)
         self.waiting.appendleft(live)
         self.counters.preemptions += 1
 
-    def _update(self, batch: _Batch) -> None:
+    def _update(self, batch: Batch) -> None:
         """vLLM's ``update_from_output`` for a processed step: sampled tokens are
         appended, consumed encoder inputs freed, finished requests released."""
         if batch.host_work is not None:
@@ -539,7 +473,7 @@ class _Run:
                 live.drained = position >= live.ends[-1]  # nothing left to free until a restart
             if not samples:
                 continue
-            was_running = live.status == _RUNNING
+            was_running = live.status == RUNNING
             had_placeholders = live.placeholders > 0
             live.num_output += 1
             live.num_tokens += 1
@@ -555,7 +489,7 @@ class _Run:
             if any(live.finished is not None for live in self.waiting):
                 self.waiting = deque(live for live in self.waiting if live.finished is None)
 
-    def _finish(self, live: _Live) -> None:
+    def _finish(self, live: Live) -> None:
         start = perf_counter()
         self.manager.free(live.request)
         self.bookkeeping += perf_counter() - start
@@ -564,7 +498,7 @@ class _Run:
         live.finished = self.clock
         self.finished_since_schedule = True
         self.counters.requests += 1
-        if self.check and live.status == _RUNNING and not all(live.served):
+        if self.check and live.status == RUNNING and not all(live.served):
             missing = [i for i, served in enumerate(live.served) if not served]
             raise SimulationError(f"{live.spec.request_id} finished without items {missing} encoded or cached")
         self.arrivals.finished(live.spec, self.clock)
