@@ -27,12 +27,14 @@ $(VENV)/bin/maturin:
 	@$(PIP) install --upgrade pip
 	@$(PIP) install 'maturin>=1.5,<2'
 
-# The extension (release, abi3) built into $(VENV) with the test dependencies; the
-# Python sources stay editable. Build output goes to target/build.log unless it fails.
+# The extension (release, abi3) built into $(VENV) with the test dependencies and the
+# test hooks (cargo feature test-hooks: `_CallFloor`, `_panic_for_test`), which the
+# wheel below leaves out; the Python sources stay editable. Build output goes to
+# target/build.log unless it fails.
 build: $(VENV)/bin/maturin
 	@echo "building the extension (release; a first build takes 1 to 2.5 minutes)..."
 	@mkdir -p target && rm -f python/encoder_cache/_core.cpython-*.so  # an older non-abi3 build would shadow it
-	@$(VENV)/bin/maturin develop --release --extras test > target/build.log 2>&1 || { cat target/build.log; exit 1; }
+	@$(VENV)/bin/maturin develop --release --extras test --features python,test-hooks > target/build.log 2>&1 || { cat target/build.log; exit 1; }
 	@echo "installed $$($(PY) -c 'import encoder_cache as e, encoder_cache._core as c, os; print(e.__name__, e.__version__, os.path.basename(c.__file__))')"
 
 # The one abi3 wheel, for the other CPythons.

@@ -12,8 +12,9 @@ The variants (``tests/vllm_harness.py`` builds them as vLLM's engine does):
   recorded, in order, and do nothing else. The scheduler then makes the same
   decisions, so its step is what any encoder-cache code could at best reach.
 
-``python benches/bench_vllm_scheduler.py [--runs N] [workload ...]`` prints
-the BENCHMARKS.md table. Per workload, each round runs every variant once
+``python benches/bench_vllm_scheduler.py [--runs N] [--seed S] [workload ...]``
+prints the BENCHMARKS.md table (``--seed`` draws every workload's traffic with
+another seed). Per workload, each round runs every variant once
 untimed inside (the whole step: ``schedule()`` + ``update_from_output()``,
 fake model output excluded) and once with a timer around each encoder-input
 method call (minus the timer's own cost, a timed empty method); the variants
@@ -325,8 +326,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="vLLM 0.33's real scheduler: the BENCHMARKS.md table")
     parser.add_argument("--runs", type=int, default=1, help="repeat the measurement; cells are medians over runs")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds per run (default %(default)s)")
+    parser.add_argument(
+        "--seed", type=int, help="draw every workload's traffic with this seed instead of its own (unseen traffic)"
+    )
     parser.add_argument("workloads", nargs="*", help=f"any of {', '.join(WORKLOADS)} (default: all)")
     args = parser.parse_args()
+    if args.seed is not None:
+        for _, params in WORKLOADS.values():
+            params["seed"] = args.seed
     unknown = sorted(set(args.workloads) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; choose from {list(WORKLOADS)}")

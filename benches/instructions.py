@@ -1,24 +1,36 @@
 """Instructions per call, counted by callgrind: the repeatable complement to the
 pytest-benchmark timings on a noisy machine.
 
-    python benches/instructions.py          # needs valgrind; a few minutes
+    python benches/instructions.py [case ...]   # needs valgrind and a C compiler; a few minutes
 
-Each case runs under ``valgrind --tool=callgrind`` twice, doing its work N times
-and 0 times; the difference over N is the count per call (per item for the
-request cases), startup and setup cancelled out. The cases and stand-ins are
-the benches' own (bench_calls, bench_lifecycle); the chunked-prefill case
-uses the step-level methods, which the floor and reads stand-ins lack.
+One ``valgrind --tool=callgrind`` process per implementation runs every case:
+it sets the case up, zeroes callgrind's counters, does the work N times and
+dumps the counters (through callgrind's client requests, from a small C helper
+compiled on the fly), so setup is never counted. The count per call (per item
+for the request cases, per step for the step cases) is the dump's total over N,
+less the same loop doing nothing. The cases and stand-ins are the benches' own
+(bench_calls, bench_lifecycle, bench_step); the step-level cases have no floor
+or reads stand-ins. ``gdsf`` and ``s3fifo`` are the Rust manager under those
+policies.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import subprocess
 import sys
+import tempfile
+from functools import partial
+from pathlib import Path
 
 from bench_lifecycle import FRAME_SIZE, NUM_FRAMES, Rounds, chunked_prefill, lifecycle, long_video
-from workloads import BUDGET, CACHE_SIZE, FLOORS, MANAGERS, floor, make_request, schedule
+from bench_step import BUDGET as STEP_BUDGET
+from bench_step import cached_request
+from workloads import BUDGET, CACHE_SIZE, FLOORS, MANAGERS, STEP_MANAGERS, floor, make_request, schedule
+
+import encoder_cache
 
 INPUT = 3
 # Each case gives (function, args), called as pytest-benchmark calls it.
@@ -37,8 +49,17 @@ REQUEST_CASES = {
     "long video, per frame": (NUM_FRAMES, FRAME_SIZE, 1, long_video),
     CHUNKED_VIDEO: (NUM_FRAMES, FRAME_SIZE, 1, chunked_prefill),
 }
-CALL_REPEATS = 20_000
-IMPLEMENTATIONS = [*MANAGERS, *FLOORS]
+#: One step-level call for a request whose items are all cached and held, per step.
+STEP_CASES = {"step: schedule 1 cached item": 1, "step: schedule 16 cached items": 16}
+CALL_REPEATS = 5_000
+POLICIES = {name: partial(encoder_cache.EncoderCacheManager, policy=name) for name in ("gdsf", "s3fifo")}
+ALL_MANAGERS = {**MANAGERS, **POLICIES}
+IMPLEMENTATIONS = ["vllm", "rust", *FLOORS, *POLICIES]
+MARKS_C = """
+#include <valgrind/callgrind.h>
+void zero(void) { CALLGRIND_ZERO_STATS; }
+void dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
+"""
 
 
 def release_reacquire(manager, req):
@@ -46,62 +67,115 @@ def release_reacquire(manager, req):
     return manager.check_and_update_cache(req, INPUT)
 
 
-def work(case: str, impl: str, n: int, built: int) -> None:
-    """Do the case's work n times (the child side, under valgrind); a request
-    case builds ``built`` requests either way, so only the work differs."""
+def applies(case: str, impl: str) -> bool:
+    return not ((case == CHUNKED_VIDEO or case in STEP_CASES) and impl in FLOORS)
+
+
+def prepare(case: str, impl: str):
+    """(function, args, units per call, calls) for the case, set up and warm."""
+    if case in STEP_CASES:
+        cls = STEP_MANAGERS[impl] if impl in STEP_MANAGERS else POLICIES[impl]
+        manager, req, window = cached_request(STEP_CASES[case], cls)
+        args = (req, 0, window, STEP_BUDGET)
+        return manager.try_schedule_encoder_inputs, args, 1, CALL_REPEATS
     if case in CALL_CASES:
         req = make_request("req-warm", 8)
-        manager = floor(impl) if impl in FLOORS else MANAGERS[impl](CACHE_SIZE)
-        if impl in MANAGERS:
+        manager = floor(impl) if impl in FLOORS else ALL_MANAGERS[impl](CACHE_SIZE)
+        if impl not in FLOORS:
             schedule(manager, req)
         function, args = CALL_CASES[case](manager, req)
-        for _ in range(n):
-            function(*args)
-        return
-    items, size, _, one_round = REQUEST_CASES[case]
-    rounds = Rounds(impl, items, size)
-    requests = [rounds.next_request() for _ in range(built)]
-    for req in requests[: 2 + n]:  # two warm-up rounds fill the cache, as in the benches
+        return function, args, 1, CALL_REPEATS
+    items, size, n, one_round = REQUEST_CASES[case]
+    managers = {**STEP_MANAGERS, **POLICIES} if case == CHUNKED_VIDEO else ALL_MANAGERS
+    rounds = Rounds(impl, items, size, managers=managers)
+    requests = [rounds.next_request() for _ in range(2 + n)]
+    for req in requests[:2]:  # two warm-up rounds fill the cache, as in the benches
         one_round(rounds.manager, req)
+    pending = iter(requests[2:])
+    return lambda: one_round(rounds.manager, next(pending)), (), items, n
 
 
-def count(case: str, impl: str, n: int, built: int) -> int:
-    command = [sys.executable, __file__, case, impl, str(n), str(built)]
-    # A fixed hash seed: string hashing decides dict layouts, and so a few hundred instructions per item.
-    out = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *command],
+def child(impl: str, cases: list[str], marks_path: str) -> None:
+    """Under valgrind: each case's work between a zero and a dump of the counters."""
+    marks = ctypes.CDLL(marks_path)
+    for case in ["(loop)", *cases]:
+        if case != "(loop)" and not applies(case, impl):
+            continue
+        if case == "(loop)":  # the bare loop, less from every case
+            marks.zero()
+            for _ in range(CALL_REPEATS):
+                pass
+            marks.dump(case.encode())
+            continue
+        function, args, _, calls = prepare(case, impl)
+        marks.zero()
+        for _ in range(calls):
+            function(*args)
+        marks.dump(case.encode())
+
+
+def counts(impl: str, cases: list[str], marks_path: str, out_dir: str) -> dict[str, int]:
+    """Instructions per case for ``impl``, loop included."""
+    out = os.path.join(out_dir, f"{impl}.out")
+    subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            __file__,
+            "--child",
+            impl,
+            marks_path,
+            *cases,
+        ],
         capture_output=True,
-        text=True,
         check=True,
+        # A fixed hash seed: string hashing decides dict layouts, and so a few hundred instructions per item.
         env={**os.environ, "PYTHONHASHSEED": "0"},
-    ).stderr
-    return int(re.search(r"Collected : (\d+)", out).group(1))
+    )
+    found = {}
+    for dump in Path(out_dir).glob(f"{impl}.out*"):
+        text = dump.read_text()
+        trigger = re.search(r"^desc: Trigger: Client Request: (.*)$", text, re.M)
+        total = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+        if trigger and total:
+            found[trigger.group(1)] = int(total.group(1))
+    return found
 
 
-def per_unit(case: str, impl: str) -> float | None:
-    if case == CHUNKED_VIDEO and impl in FLOORS:
-        return None
-    if case in CALL_CASES:
-        n, units = CALL_REPEATS, CALL_REPEATS
-    else:
+def main(cases: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as out_dir:
+        marks = Path(out_dir) / "marks.so"
+        source = Path(out_dir) / "marks.c"
+        source.write_text(MARKS_C)
+        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(marks), str(source)], check=True)
+        per_impl = {impl: counts(impl, cases, str(marks), out_dir) for impl in IMPLEMENTATIONS}
+    print("| case | vLLM | Rust | vLLM / Rust | floor | Rust / floor | reads | gdsf / Rust | s3fifo / Rust |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for case in cases:
+        per_unit = {}
+        for impl, found in per_impl.items():
+            if case in found:
+                units, calls = unit_calls(case)
+                per_unit[impl] = (found[case] - found["(loop)"] * calls / CALL_REPEATS) / (calls * units)
+        vl, rs, fl, rd = per_unit["vllm"], per_unit["rust"], per_unit.get("floor"), per_unit.get("reads")
+        cells = [f"{vl:,.0f}", f"{rs:,.0f}", f"{vl / rs:.2f}x"]
+        cells += [f"{fl:,.0f}", f"{rs / fl:.2f}x", f"{rd:,.0f}"] if fl is not None else ["", "", ""]
+        cells += [f"{per_unit[p] / rs:.2f}x" for p in POLICIES]
+        print(f"| {case} | " + " | ".join(cells) + " |", flush=True)
+
+
+def unit_calls(case: str) -> tuple[int, int]:
+    """(units per call, calls) of a case."""
+    if case in REQUEST_CASES:
         items, _, n, _ = REQUEST_CASES[case]
-        units = n * items
-    return (count(case, impl, n, 2 + n) - count(case, impl, 0, 2 + n)) / units
-
-
-def main() -> None:
-    print("| case | Python | Rust | Python / Rust | floor | reads | Rust / reads | Python / reads |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for case in [*CALL_CASES, *REQUEST_CASES]:
-        py, rs, fl, rd = (per_unit(case, impl) for impl in IMPLEMENTATIONS)
-        cells = [f"{py:,.0f}", f"{rs:,.0f}", f"{py / rs:.1f}x"]
-        if rd is not None:
-            cells += [f"{fl:,.0f}", f"{rd:,.0f}", f"{rs / rd:.1f}x", f"{py / rd:.1f}x"]
-        print(f"| {case} | " + " | ".join(cells + [""] * (7 - len(cells))) + " |", flush=True)
+        return items, n
+    return 1, CALL_REPEATS
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5:
-        work(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    if len(sys.argv) > 3 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[4:], sys.argv[3])
     else:
-        main()
+        main(sys.argv[1:] or [*CALL_CASES, *REQUEST_CASES, *STEP_CASES])

@@ -76,7 +76,7 @@ impl EncoderDecoderCache {
 
     /// The input ids `request_id` holds, ascending.
     pub fn held_inputs<'a>(&self, request_id: impl Into<KeyArg<'a>>) -> impl Iterator<Item = usize> + '_ {
-        self.held.get(&request_id.into()).into_iter().flat_map(BTreeMap::keys).copied()
+        self.held.get(request_id.into().as_str()).into_iter().flat_map(BTreeMap::keys).copied()
     }
 
     pub fn snapshot(&self) -> EncoderDecoderState {
@@ -154,10 +154,10 @@ impl EncoderDecoderCache {
                 freeable: self.num_free_slots,
             });
         }
-        if self.held.get(&request_id).is_some_and(|inputs| inputs.contains_key(&input_id)) {
+        if self.held.get(request_id.as_str()).is_some_and(|inputs| inputs.contains_key(&input_id)) {
             return Err(CacheError::InputAllocated { request_id: request_id.as_str().to_owned(), input_id });
         }
-        self.held.entry_ref(&request_id).or_default().insert(input_id, num_embeds);
+        self.held.entry_ref(request_id.as_str()).or_default().insert(input_id, num_embeds);
         self.num_free_slots -= num_embeds;
         self.allocated.push(identifier);
         Ok(())
@@ -167,14 +167,14 @@ impl EncoderDecoderCache {
     /// the request does not hold it, such as an input freed already.
     pub fn free_encoder_input<'a>(&mut self, request_id: impl Into<KeyArg<'a>>, input_id: usize) -> bool {
         let request_id = request_id.into();
-        let Some(inputs) = self.held.get_mut(&request_id) else {
+        let Some(inputs) = self.held.get_mut(request_id.as_str()) else {
             return false;
         };
         let Some(num_embeds) = inputs.remove(&input_id) else {
             return false;
         };
         if inputs.is_empty() {
-            self.held.remove(&request_id);
+            self.held.remove(request_id.as_str());
             shrink_when_sparse(&mut self.held);
         }
         self.num_free_slots += num_embeds;
@@ -183,7 +183,7 @@ impl EncoderDecoderCache {
 
     /// Gives back the slots of every input the request holds.
     pub fn free<'a>(&mut self, request_id: impl Into<KeyArg<'a>>) {
-        if let Some(inputs) = self.held.remove(&request_id.into()) {
+        if let Some(inputs) = self.held.remove(request_id.into().as_str()) {
             shrink_when_sparse(&mut self.held);
             self.num_free_slots += inputs.values().sum::<u64>();
         }

@@ -16,8 +16,8 @@ pub mod step;
 mod bindings;
 
 pub use cache::{
-    CacheError, CacheState, CacheStats, Counters, EncoderCache, Entry, EntryPolicyState, EntryState, HeldInputs, InvariantViolation, Key,
-    KeyArg, Policy, PolicyState, Referrers, RequestRefs, RequestState, EVICTED_MEMORY, GDSF_COST_SCALE, S3FIFO_MAX_CREDIT,
+    CacheError, CacheState, CacheStats, Counters, EncoderCache, Entry, EntryPolicyState, EntryState, EvictionPolicy, Handle, HeldInputs,
+    InvariantViolation, Key, KeyArg, Policy, PolicyCache, PolicyState, RequestState, EVICTED_MEMORY, GDSF_COST_SCALE, S3FIFO_MAX_CREDIT,
 };
 pub use encoder_decoder::{EncoderDecoderCache, EncoderDecoderState};
 pub use step::{Item, Mismatch, Scheduled, StepArgs, StepCache, StepError};

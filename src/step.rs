@@ -13,15 +13,17 @@
 
 use std::ops::Range;
 
-use hashbrown::HashMap;
+use hashbrown::HashTable;
 
-use crate::cache::{CacheError, EncoderCache, HeldInputs, Key, KeyArg};
+use crate::cache::{hash_key, CacheError, EncoderCache, EvictionPolicy, HeldInputs, Key, KeyArg, PolicyCache};
 use crate::encoder_decoder::EncoderDecoderCache;
 
 /// One multimodal item of a request, as a step needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Item {
     pub identifier: Key,
+    /// The identifier's [`hash_key`], computed once with the record.
+    pub hash: u64,
     /// First placeholder token of the item in the request's token sequence.
     pub offset: u64,
     /// Placeholder tokens of the item.
@@ -48,7 +50,12 @@ impl Item {
                 })
                 .collect()
         });
-        Self { identifier, offset, length, num_embeds, modality: 0, embeds_cumsum }
+        Self { hash: hash_key(&identifier), identifier, offset, length, num_embeds, modality: 0, embeds_cumsum }
+    }
+
+    /// The identifier as the cache takes it: hashed already.
+    pub fn key(&self) -> KeyArg<'_> {
+        KeyArg::hashed(&self.identifier, self.hash)
     }
 
     /// The item with modality tag `modality` (the caller's numbering; 0 = unknown).
@@ -200,33 +207,79 @@ pub trait StepCache {
     /// shared between requests, and no item is ever split or rolled back for
     /// chunking.
     const ENCODER_DECODER: bool;
-    fn cached_num_embeds(&self, identifier: &Key) -> Option<u64>;
-    fn check_and_update_cache(&mut self, request_id: KeyArg<'_>, input_id: usize, identifier: &Key) -> Result<bool, CacheError>;
+    fn cached_num_embeds(&self, item: &Item) -> Option<u64>;
+    fn check_and_update_cache(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<bool, CacheError>;
     fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool;
     fn allocate(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<(), CacheError>;
     /// The request's held inputs, in no particular order.
     fn held_inputs(&self, request_id: KeyArg<'_>, num_items: usize) -> impl Iterator<Item = usize> + '_;
     /// Frees the request's `input_ids`: all of them, or none on an error.
     fn free_inputs<I: Items + ?Sized>(&mut self, request_id: KeyArg<'_>, items: &I, input_ids: &[usize]) -> Result<(), StepError>;
+
+    /// [`try_schedule`] on this cache.
+    fn schedule<I: Items + ?Sized, E: From<StepError>>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        args: StepArgs,
+        has_remote_item: &mut dyn FnMut(&Key) -> Result<bool, E>,
+    ) -> Result<Scheduled, E>
+    where
+        Self: Sized,
+    {
+        try_schedule(self, request_id, items, args, has_remote_item)
+    }
+
+    /// [`allocate_inputs`] on this cache.
+    fn allocate_all<I: Items + ?Sized>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        input_ids: &[usize],
+        repeated: &[usize],
+    ) -> Result<(), StepError>
+    where
+        Self: Sized,
+    {
+        allocate_inputs(self, request_id, items, input_ids, repeated)
+    }
+
+    /// [`free_inputs_before`] on this cache.
+    fn free_before<I: Items + ?Sized>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        position: i64,
+        decoder_started: bool,
+    ) -> Result<Vec<usize>, StepError>
+    where
+        Self: Sized,
+    {
+        free_inputs_before(self, request_id, items, position, decoder_started)
+    }
 }
 
-impl StepCache for EncoderCache {
+impl<P: EvictionPolicy> StepCache for PolicyCache<P> {
     const ENCODER_DECODER: bool = false;
 
-    fn cached_num_embeds(&self, identifier: &Key) -> Option<u64> {
-        EncoderCache::cached_num_embeds(self, identifier)
+    #[inline]
+    fn cached_num_embeds(&self, item: &Item) -> Option<u64> {
+        PolicyCache::cached_num_embeds(self, item.key())
     }
 
-    fn check_and_update_cache(&mut self, request_id: KeyArg<'_>, input_id: usize, identifier: &Key) -> Result<bool, CacheError> {
-        EncoderCache::check_and_update_cache(self, request_id, input_id, identifier)
+    #[inline]
+    fn check_and_update_cache(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<bool, CacheError> {
+        PolicyCache::check_and_update_cache(self, request_id, input_id, item.key())
     }
 
+    #[inline]
     fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool {
-        EncoderCache::can_allocate(self, num_embeds, encoder_compute_budget, num_embeds_to_schedule)
+        PolicyCache::can_allocate(self, num_embeds, encoder_compute_budget, num_embeds_to_schedule)
     }
 
+    #[inline]
     fn allocate(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<(), CacheError> {
-        EncoderCache::allocate_tagged(self, request_id, input_id, item.identifier.clone(), item.num_embeds, item.modality)
+        PolicyCache::allocate_tagged(self, request_id, input_id, item.key(), item.num_embeds, item.modality)
     }
 
     fn held_inputs(&self, request_id: KeyArg<'_>, _num_items: usize) -> impl Iterator<Item = usize> + '_ {
@@ -242,14 +295,77 @@ impl StepCache for EncoderCache {
     }
 }
 
+/// Through the run-time policy choice, one `match` per operation (for tests
+/// and occasional callers; the bindings match once per call instead).
+impl StepCache for EncoderCache {
+    const ENCODER_DECODER: bool = false;
+
+    fn cached_num_embeds(&self, item: &Item) -> Option<u64> {
+        crate::with_policy_cache!(self, c => StepCache::cached_num_embeds(c, item))
+    }
+
+    fn check_and_update_cache(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<bool, CacheError> {
+        crate::with_policy_cache!(self, c => StepCache::check_and_update_cache(c, request_id, input_id, item))
+    }
+
+    fn can_allocate(&mut self, num_embeds: u64, encoder_compute_budget: i64, num_embeds_to_schedule: i64) -> bool {
+        EncoderCache::can_allocate(self, num_embeds, encoder_compute_budget, num_embeds_to_schedule)
+    }
+
+    fn allocate(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<(), CacheError> {
+        crate::with_policy_cache!(self, c => StepCache::allocate(c, request_id, input_id, item))
+    }
+
+    fn held_inputs(&self, request_id: KeyArg<'_>, _num_items: usize) -> impl Iterator<Item = usize> + '_ {
+        self.cached_input_ids(request_id).into_iter().flat_map(HeldInputs::positions)
+    }
+
+    fn free_inputs<I: Items + ?Sized>(&mut self, request_id: KeyArg<'_>, _items: &I, input_ids: &[usize]) -> Result<(), StepError> {
+        for &input_id in input_ids {
+            self.free_encoder_input(request_id, input_id);
+        }
+        Ok(())
+    }
+
+    fn schedule<I: Items + ?Sized, E: From<StepError>>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        args: StepArgs,
+        has_remote_item: &mut dyn FnMut(&Key) -> Result<bool, E>,
+    ) -> Result<Scheduled, E> {
+        crate::with_policy_cache!(self, c => try_schedule(c, request_id, items, args, has_remote_item))
+    }
+
+    fn allocate_all<I: Items + ?Sized>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        input_ids: &[usize],
+        repeated: &[usize],
+    ) -> Result<(), StepError> {
+        crate::with_policy_cache!(self, c => allocate_inputs(c, request_id, items, input_ids, repeated))
+    }
+
+    fn free_before<I: Items + ?Sized>(
+        &mut self,
+        request_id: KeyArg<'_>,
+        items: &I,
+        position: i64,
+        decoder_started: bool,
+    ) -> Result<Vec<usize>, StepError> {
+        crate::with_policy_cache!(self, c => free_inputs_before(c, request_id, items, position, decoder_started))
+    }
+}
+
 impl StepCache for EncoderDecoderCache {
     const ENCODER_DECODER: bool = true;
 
-    fn cached_num_embeds(&self, _identifier: &Key) -> Option<u64> {
+    fn cached_num_embeds(&self, _item: &Item) -> Option<u64> {
         None
     }
 
-    fn check_and_update_cache(&mut self, _request_id: KeyArg<'_>, _input_id: usize, _identifier: &Key) -> Result<bool, CacheError> {
+    fn check_and_update_cache(&mut self, _request_id: KeyArg<'_>, _input_id: usize, _item: &Item) -> Result<bool, CacheError> {
         Ok(false)
     }
 
@@ -334,7 +450,7 @@ pub fn try_schedule<'a, C: StepCache, I: Items + ?Sized, E: From<StepError>>(
     let shift = i128::from(args.shift_computed_tokens);
     let window_end = computed + i128::from(args.num_new_tokens) + shift;
     // Identifiers this step schedules, with their sizes (allocates only on a miss).
-    let mut scheduled: HashMap<&str, u64> = HashMap::new();
+    let mut scheduled: HashTable<&Item> = HashTable::new();
     let mut embeds_to_schedule: u64 = 0;
 
     let window = window(items, args, C::ENCODER_DECODER);
@@ -359,8 +475,8 @@ pub fn try_schedule<'a, C: StepCache, I: Items + ?Sized, E: From<StepError>>(
             break;
         }
         if !C::ENCODER_DECODER {
-            let known = scheduled.get(&*item.identifier).copied();
-            let reference = known.or_else(|| cache.cached_num_embeds(&item.identifier));
+            let known = scheduled.find(item.hash, |other| other.identifier == item.identifier).map(|other| other.num_embeds);
+            let reference = known.or_else(|| cache.cached_num_embeds(item));
             if let Some(cached) = reference.filter(|&n| n != item.num_embeds) {
                 let mismatch = Mismatch { input_id, identifier: item.identifier.clone(), cached, requested: item.num_embeds };
                 return Ok(Scheduled {
@@ -374,7 +490,7 @@ pub fn try_schedule<'a, C: StepCache, I: Items + ?Sized, E: From<StepError>>(
                 out.repeated.push(input_id);
                 continue;
             }
-            if cache.check_and_update_cache(request_id, input_id, &item.identifier).map_err(StepError::from)? {
+            if cache.check_and_update_cache(request_id, input_id, item).map_err(StepError::from)? {
                 continue;
             }
         }
@@ -392,9 +508,9 @@ pub fn try_schedule<'a, C: StepCache, I: Items + ?Sized, E: From<StepError>>(
             continue; // only break or text tokens of the item fall in this step
         }
         if scheduled.is_empty() {
-            scheduled.reserve(window_end_id - input_id); // no regrowth, and no allocation for a step of hits
+            scheduled.reserve(window_end_id - input_id, |other| other.hash); // no regrowth, and no allocation for a step of hits
         }
-        scheduled.insert(&item.identifier, item.num_embeds);
+        scheduled.insert_unique(item.hash, item, |other| other.hash);
         embeds_to_schedule = embeds_to_schedule.saturating_add(item.num_embeds);
         if has_remote_item(&item.identifier)? {
             out.from_remote.push(input_id);
@@ -433,7 +549,7 @@ pub fn allocate_inputs<'a, C: StepCache, I: Items + ?Sized>(
         cache.allocate(request_id, input_id, item)?;
     }
     for (&input_id, item) in repeated.iter().zip(to_hit) {
-        cache.check_and_update_cache(request_id, input_id, &item.identifier)?;
+        cache.check_and_update_cache(request_id, input_id, item)?;
     }
     Ok(())
 }
@@ -540,7 +656,7 @@ mod tests {
         let err = try_schedule::<_, _, StepError>(&mut cache, "r", &partly, args(4, 20, 100), &mut |_| Ok(false));
         assert_eq!(err, Err(StepError::NotRead { input_id: 2 }));
         assert_eq!(allocate_inputs(&mut cache, "r", &partly, &[1, 2], &[]), Err(StepError::NotRead { input_id: 2 }));
-        assert!(cache.requests().is_empty(), "nothing allocated");
+        assert!(cache.num_requests() == 0, "nothing allocated");
         allocate_inputs(&mut cache, "r", &partly, &[1], &[]).unwrap();
         assert_eq!(free_inputs_before(&mut cache, "r", &partly, 20, false).unwrap(), vec![1]);
         // Encoder-decoder frees by position too: the cache knows each held input's size.
@@ -686,7 +802,7 @@ mod tests {
         assert_eq!(free_inputs_before(&mut cache, "r", &items[..], 8, false).unwrap(), vec![0, 1]);
         assert_eq!(cache.num_freeable_slots(), 96, "a is released with its last occurrence");
         assert_eq!(free_inputs_before(&mut cache, "r", &items[..], 20, false).unwrap(), vec![2]);
-        assert!(cache.requests().is_empty());
+        assert!(cache.num_requests() == 0);
     }
 
     #[test]

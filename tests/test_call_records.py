@@ -280,8 +280,8 @@ def test_free_lets_the_request_go() -> None:
 
 
 def test_records_of_requests_dropped_without_free_do_not_pile_up() -> None:
-    """A caller that never calls free(request): the records of requests it
-    has dropped are swept as new ones come, so the requests are released."""
+    """A caller that never calls free(request): the records are bounded, the
+    oldest going first, so the requests it has dropped are released."""
     manager = encoder_cache.EncoderCacheManager(10)
     early = []
     for n in range(5000):
@@ -295,12 +295,16 @@ def test_records_of_requests_dropped_without_free_do_not_pile_up() -> None:
     assert sum(ref() is not None for ref in early) == 0
 
 
-def test_records_of_requests_still_in_use_survive_sweeps() -> None:
+def test_records_of_requests_still_in_use_survive_others_coming_and_going() -> None:
+    """vLLM frees every request it is done with: however many come and go, the
+    record of one it is still working on stays."""
     manager = encoder_cache.EncoderCacheManager(10**6)
     kept = CountingRequest("kept", [CountingFeature("k", 0, 4)])
     assert manager.can_allocate(kept, 0, 100, 0)
-    for n in range(5000):  # enough new requests for several sweeps
-        manager.can_allocate(make_request(f"r{n}", [f"item{n}"], [4]), 0, 100, 0)
+    for n in range(5000):  # more requests than the records' bound
+        request = make_request(f"r{n}", [f"item{n}"], [4])
+        manager.can_allocate(request, 0, 100, 0)
+        manager.free(request)
     manager.allocate(kept, 0)
     assert kept.size_calls == [1], "the kept request's size was read again"
 

@@ -347,6 +347,9 @@ class EncoderDecoderCacheManager:
     def to_free(self) -> list[str]:
         """A snapshot: identifiers the next `get_freed_mm_hashes()` returns."""
 
+# The test hooks below exist only in builds with the cargo feature `test-hooks`
+# (`make build`); the release wheel has neither.
+
 def _panic_for_test() -> None:
     """Private test hook: panics in Rust, surfacing as pyo3's PanicException."""
 

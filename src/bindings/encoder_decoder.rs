@@ -9,7 +9,8 @@ use super::calls::with_request_id;
 use super::key_list;
 use super::methods::manager_methods;
 use super::request::{count, identifier, input_index, num_embeds};
-use super::shared::{read, write, Manager, ManagerState};
+use super::shared::ManagerState;
+use super::state::{encoder_decoder_state_from_dict, encoder_decoder_state_to_dict};
 use crate::cache::Key;
 use crate::encoder_decoder::EncoderDecoderCache;
 
@@ -23,19 +24,17 @@ pub struct PyEncoderDecoderCacheManager {
     state: ManagerState<EncoderDecoderCache>,
 }
 
-impl Manager for PyEncoderDecoderCacheManager {
-    type Cache = EncoderDecoderCache;
-
-    fn state(&self) -> &ManagerState<EncoderDecoderCache> {
-        &self.state
+impl PyEncoderDecoderCacheManager {
+    fn dump<'py>(cache: &EncoderDecoderCache, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        encoder_decoder_state_to_dict(py, &cache.snapshot())
     }
 
-    fn state_mut(&mut self) -> &mut ManagerState<EncoderDecoderCache> {
-        &mut self.state
+    fn load(state: &Bound<'_, PyAny>) -> PyResult<EncoderDecoderCache> {
+        EncoderDecoderCache::restore(&encoder_decoder_state_from_dict(state)?).map_err(|v| super::errors::inconsistent_state(&v))
     }
 }
 
-manager_methods!(PyEncoderDecoderCacheManager {
+manager_methods!(PyEncoderDecoderCacheManager, EncoderDecoderCache {
     #[new]
     fn new(cache_size: &Bound<'_, PyAny>) -> PyResult<Self> {
         Ok(Self { state: ManagerState::new(EncoderDecoderCache::new(count(cache_size, "cache_size")?)) })
@@ -66,7 +65,7 @@ manager_methods!(PyEncoderDecoderCacheManager {
         num_embeds_to_schedule: i64,
     ) -> PyResult<bool> {
         let n = num_embeds(request, input_index(input_id)?)?;
-        let fits = read(slf)?.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule);
+        let fits = slf.try_borrow()?.cache.can_allocate(n, encoder_compute_budget, num_embeds_to_schedule);
         Ok(fits)
     }
 
@@ -78,13 +77,13 @@ manager_methods!(PyEncoderDecoderCacheManager {
         let input_id = input_index(input_id)?;
         let n = num_embeds(request, input_id)?;
         let item = Key::from(identifier(request, input_id)?.to_str()?);
-        with_request_id(slf, request, |cache, id| cache.allocate(id, input_id, item, n))??;
+        with_request_id(slf, request, |cache: &mut EncoderDecoderCache, id| cache.allocate(id, input_id, item, n))??;
         Ok(())
     }
 
     /// Return the input ids the request holds (allocated and not freed yet), as a new set.
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
-        let held = with_request_id(slf, request, |cache, id| cache.held_inputs(id).collect::<Vec<_>>())?;
+        let held = with_request_id(slf, request, |cache: &mut EncoderDecoderCache, id| cache.held_inputs(id).collect::<Vec<_>>())?;
         PySet::new(slf.py(), held)
     }
 
@@ -93,7 +92,7 @@ manager_methods!(PyEncoderDecoderCacheManager {
     /// vLLM 0.33 adds its size back on every call.
     fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let input_id = input_index(input_id)?;
-        if !with_request_id(slf, request, |cache, id| cache.free_encoder_input(id, input_id))? {
+        if !with_request_id(slf, request, |cache: &mut EncoderDecoderCache, id| cache.free_encoder_input(id, input_id))? {
             // Nothing to give back, but an input the request does not have is still an error.
             identifier(request, input_id)?;
         }
@@ -103,27 +102,27 @@ manager_methods!(PyEncoderDecoderCacheManager {
     /// Give back the slots of every input the request holds, and forget what
     /// was read of it. Changes nothing for a request that holds none.
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        with_request_id(slf, request, |cache, id| cache.free(id))?;
-        write(slf)?.records.forget(request);
+        with_request_id(slf, request, |cache: &mut EncoderDecoderCache, id| cache.free(id))?;
+        slf.try_borrow_mut()?.records.forget(request);
         Ok(())
     }
 
     /// A snapshot: identifiers allocated since the last `get_freed_mm_hashes()`.
     #[getter]
     fn allocated<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-        let (py, state) = (slf.py(), read(slf)?);
+        let (py, state) = (slf.py(), slf.try_borrow()?);
         key_list(py, state.cache.allocated())
     }
 
     /// A snapshot: identifiers the next `get_freed_mm_hashes()` returns.
     #[getter]
     fn to_free<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-        let (py, state) = (slf.py(), read(slf)?);
+        let (py, state) = (slf.py(), slf.try_borrow()?);
         key_list(py, state.cache.to_free())
     }
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
-        let state = read(slf)?;
+        let state = slf.try_borrow()?;
         Ok(format!(
             "EncoderDecoderCacheManager(cache_size={}, num_free_slots={})",
             state.cache.cache_size(),

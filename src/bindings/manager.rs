@@ -6,11 +6,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::calls::{with_input, with_request_id, Needs};
-use super::key_list;
 use super::methods::manager_methods;
 use super::modality;
 use super::request::{count, features, identifier, identifier_of, input_index, request_id};
-use super::shared::{read, write, Manager, ManagerState};
+use super::shared::ManagerState;
+use super::state::{cache_state_from_dict, cache_state_to_dict};
 use crate::cache::{Counters, EncoderCache, Key, Policy};
 
 /// The encoder cache of a multimodal model, with vLLM 0.33's API: which items
@@ -24,19 +24,18 @@ pub struct PyEncoderCacheManager {
     state: ManagerState<EncoderCache>,
 }
 
-impl Manager for PyEncoderCacheManager {
-    type Cache = EncoderCache;
-
-    fn state(&self) -> &ManagerState<EncoderCache> {
-        &self.state
+impl PyEncoderCacheManager {
+    fn dump<'py>(cache: &EncoderCache, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        cache_state_to_dict(py, &cache.snapshot(), &cache.policy_snapshot())
     }
 
-    fn state_mut(&mut self) -> &mut ManagerState<EncoderCache> {
-        &mut self.state
+    fn load(state: &Bound<'_, PyAny>) -> PyResult<EncoderCache> {
+        let (state, policy) = cache_state_from_dict(state)?;
+        EncoderCache::restore_with(&state, &policy).map_err(|v| super::errors::inconsistent_state(&v))
     }
 }
 
-manager_methods!(PyEncoderCacheManager {
+manager_methods!(PyEncoderCacheManager, EncoderCache {
     #[new]
     #[pyo3(signature = (cache_size, *, policy = "vllm"))]
     fn new(cache_size: &Bound<'_, PyAny>, policy: &str) -> PyResult<Self> {
@@ -50,7 +49,7 @@ manager_methods!(PyEncoderCacheManager {
     /// The eviction policy's name, one of `encoder_cache.POLICIES`.
     #[getter]
     fn policy(slf: &Bound<'_, Self>) -> PyResult<&'static str> {
-        Ok(read(slf)?.cache.policy().name())
+        Ok(slf.try_borrow()?.cache.policy().name())
     }
 
     /// Record that `request`, waiting to be scheduled, will need its items:
@@ -65,13 +64,13 @@ manager_methods!(PyEncoderCacheManager {
             .try_iter()?
             .map(|feature| Ok(Key::from(identifier_of(&feature?)?.to_str()?)))
             .collect::<PyResult<Vec<Key>>>()?;
-        Ok(write(slf)?.cache.mark_waiting(id.to_str()?, identifiers)?)
+        Ok(slf.try_borrow_mut()?.cache.mark_waiting(id.to_str()?, identifiers)?)
     }
 
     /// Drop `request`'s waiting mark (it was scheduled, aborted or finished).
     /// Raises ValueError, changing nothing, if it has none.
     fn unmark_waiting(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        Ok(with_request_id(slf, request, |cache, id| cache.unmark_waiting(id))??)
+        Ok(with_request_id(slf, request, |cache: &mut EncoderCache, id| cache.unmark_waiting(id))??)
     }
 
     /// Return the counters since construction or `reset_stats()`, and the cache's fill.
@@ -83,8 +82,9 @@ manager_methods!(PyEncoderCacheManager {
     /// `entries`, `used_embeds`, `freeable_embeds`, and `by_modality`: the
     /// counters per `mm_features[i].modality` ("unknown" without one).
     fn stats<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
-        let (py, state) = (slf.py(), read(slf)?);
+        let (py, state) = (slf.py(), slf.try_borrow()?);
         let cache = &state.cache;
+        let counts = cache.stats();
         let counters = |values: &Counters| -> PyResult<Bound<'py, PyDict>> {
             let dict = PyDict::new(py);
             for (name, n) in values.named() {
@@ -92,12 +92,12 @@ manager_methods!(PyEncoderCacheManager {
             }
             Ok(dict)
         };
-        let report = counters(&cache.stats().total)?;
-        report.set_item("entries", cache.entries().len())?;
+        let report = counters(&counts.total)?;
+        report.set_item("entries", cache.num_entries())?;
         report.set_item("used_embeds", cache.used_embeds())?;
         report.set_item("freeable_embeds", cache.freeable_embeds())?;
         let by_modality = PyDict::new(py);
-        for (tag, values) in (0u8..).zip(&cache.stats().by_modality) {
+        for (tag, values) in (0u8..).zip(&counts.by_modality) {
             if !values.is_zero() {
                 by_modality.set_item(modality::name(tag), counters(values)?)?;
             }
@@ -108,7 +108,7 @@ manager_methods!(PyEncoderCacheManager {
 
     /// Zero the counters `stats()` reports; the cache's contents stay.
     fn reset_stats(slf: &Bound<'_, Self>) -> PyResult<()> {
-        write(slf)?.cache.reset_stats();
+        slf.try_borrow_mut()?.cache.reset_stats();
         Ok(())
     }
 
@@ -161,8 +161,7 @@ manager_methods!(PyEncoderCacheManager {
     fn allocate(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let input_id = input_index(input_id)?;
         with_input(slf, request, input_id, Needs::ALL, |cache, input| {
-            let (request_id, identifier) = (input.request_id()?, input.identifier()?.clone());
-            Ok(cache.allocate_tagged(request_id, input_id, identifier, input.num_embeds()?, input.modality()?)?)
+            Ok(cache.allocate_tagged(input.request_id()?, input_id, input.identifier()?, input.num_embeds()?, input.modality()?)?)
         })
     }
 
@@ -170,7 +169,7 @@ manager_methods!(PyEncoderCacheManager {
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let py = slf.py();
         // Built under the borrow: adding ints to a set runs no Python code.
-        with_request_id(slf, request, |cache, id| match cache.cached_input_ids(id) {
+        with_request_id(slf, request, |cache: &mut EncoderCache, id| match cache.cached_input_ids(id) {
             Some(held) => PySet::new(py, held.positions()),
             None => PySet::empty(py),
         })?
@@ -185,7 +184,7 @@ manager_methods!(PyEncoderCacheManager {
     /// have raises IndexError.
     fn free_encoder_input(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<()> {
         let input_id = input_index(input_id)?;
-        if !with_request_id(slf, request, |cache, id| cache.free_encoder_input(id, input_id))? {
+        if !with_request_id(slf, request, |cache: &mut EncoderCache, id| cache.free_encoder_input(id, input_id))? {
             // Nothing to release, but an input the request does not have is still an error.
             identifier(request, input_id)?;
         }
@@ -196,43 +195,47 @@ manager_methods!(PyEncoderCacheManager {
     /// preempted), and forget what was read of it. Freeing a request the
     /// manager does not know, or one freed already, changes nothing.
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        with_request_id(slf, request, |cache, id| cache.free(id))?;
-        write(slf)?.records.forget(request);
+        with_request_id(slf, request, |cache: &mut EncoderCache, id| cache.free(id))?;
+        slf.try_borrow_mut()?.records.forget(request);
         Ok(())
     }
 
     /// Slots that are free or held by unreferenced (evictable) entries.
     #[getter]
     fn num_freeable_slots(slf: &Bound<'_, Self>) -> PyResult<u64> {
-        Ok(read(slf)?.cache.num_freeable_slots())
+        Ok(slf.try_borrow()?.cache.num_freeable_slots())
     }
 
     /// A snapshot: identifier -> set of the request ids referencing it.
     #[getter]
     fn cached<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
-        let (py, state) = (slf.py(), read(slf)?);
+        let (py, state) = (slf.py(), slf.try_borrow()?);
         let dict = PyDict::new(py);
-        for (key, entry) in state.cache.entries() {
-            dict.set_item(&**key, PySet::new(py, entry.referrers.iter().map(|r| &**r))?)?;
-        }
+        crate::with_policy_cache!(&state.cache, c => {
+            for (key, _, referrers) in c.entries() {
+                dict.set_item(&**key, PySet::new(py, referrers.map(|r| &**r))?)?;
+            }
+        });
         Ok(dict)
     }
 
     /// A snapshot: identifier -> embeddings cached.
     #[getter]
     fn num_embeds_by_hash<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
-        let (py, state) = (slf.py(), read(slf)?);
+        let (py, state) = (slf.py(), slf.try_borrow()?);
         let dict = PyDict::new(py);
-        for (key, entry) in state.cache.entries() {
-            dict.set_item(&**key, entry.num_embeds)?;
-        }
+        crate::with_policy_cache!(&state.cache, c => {
+            for (key, num_embeds, _) in c.entries() {
+                dict.set_item(&**key, num_embeds)?;
+            }
+        });
         Ok(dict)
     }
 
     /// A snapshot: unreferenced identifier -> embeddings, next eviction first.
     #[getter]
     fn freeable<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
-        let (py, state) = (slf.py(), read(slf)?);
+        let (py, state) = (slf.py(), slf.try_borrow()?);
         let dict = PyDict::new(py);
         for (key, n) in state.cache.freeable() {
             dict.set_item(&**key, n)?;
@@ -243,46 +246,51 @@ manager_methods!(PyEncoderCacheManager {
     /// A snapshot: request id -> set of the input ids it holds.
     #[getter]
     fn request_cached_ids<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
-        let (py, state) = (slf.py(), read(slf)?);
+        let (py, state) = (slf.py(), slf.try_borrow()?);
         let dict = PyDict::new(py);
-        for (req, refs) in state.cache.requests() {
-            dict.set_item(&**req, PySet::new(py, refs.inputs.positions())?)?;
-        }
+        crate::with_policy_cache!(&state.cache, c => {
+            for (request, inputs) in c.requests() {
+                dict.set_item(&**request, PySet::new(py, inputs.map(|(input_id, _)| input_id))?)?;
+            }
+        });
         Ok(dict)
     }
 
     /// A snapshot: request id -> identifier -> how many of the request's held inputs hold it.
     #[getter]
     fn request_hash_refs<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
-        let (py, state) = (slf.py(), read(slf)?);
+        let (py, state) = (slf.py(), slf.try_borrow()?);
         let dict = PyDict::new(py);
-        for (req, refs) in state.cache.requests() {
-            let counts = PyDict::new(py);
-            for (key, n) in refs.occurrences() {
-                counts.set_item(&**key, n)?;
+        crate::with_policy_cache!(&state.cache, c => {
+            for (request, inputs) in c.requests() {
+                let counts = PyDict::new(py);
+                for (_, item) in inputs {
+                    let n: u64 = counts.get_item(&**item)?.map_or(Ok(0), |n| n.extract())?;
+                    counts.set_item(&**item, n + 1)?;
+                }
+                dict.set_item(&**request, counts)?;
             }
-            dict.set_item(&**req, counts)?;
-        }
+        });
         Ok(dict)
     }
 
     /// A snapshot: identifiers evicted since the last `get_freed_mm_hashes()`, in eviction order.
     #[getter]
     fn freed<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-        let (py, state) = (slf.py(), read(slf)?);
-        key_list(py, state.cache.freed())
+        let (py, state) = (slf.py(), slf.try_borrow()?);
+        PyList::new(py, state.cache.freed().into_iter().map(|k| &**k))
     }
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
-        let state = read(slf)?;
+        let state = slf.try_borrow()?;
         Ok(format!(
             "EncoderCacheManager(cache_size={}, policy={:?}, num_free_slots={}, num_freeable_slots={}, entries={}, requests={})",
             state.cache.cache_size(),
             state.cache.policy().name(),
             state.cache.num_free_slots(),
             state.cache.num_freeable_slots(),
-            state.cache.entries().len(),
-            state.cache.requests().len(),
+            state.cache.num_entries(),
+            state.cache.num_requests(),
         ))
     }
 });

@@ -1,68 +1,14 @@
-//! The Python methods both manager classes have, written once:
+//! The Python methods both manager classes have, each written once here:
 //! [`manager_methods!`] puts them, with a class's own methods, into that
-//! class's `#[pymethods]` block (PyO3 takes one block per class), and every
-//! shared method is one generic function below.
-
-use pyo3::exceptions::PyValueError;
-use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyType};
-
-use super::key_list;
-use super::request::count;
-use super::shared::{read, write, ManagedCache, Manager};
-
-/// `cls(cache_size)`: vLLM's factory hook builds the class it is called on.
-pub(crate) fn create_manager<'py>(cls: &Bound<'py, PyType>, cache_size: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    cls.call1((cache_size,))
-}
-
-pub(crate) fn reset<M: Manager>(slf: &Bound<'_, M>) -> PyResult<()> {
-    let mut state = write(slf)?;
-    state.cache.reset();
-    state.records.clear();
-    Ok(())
-}
-
-pub(crate) fn get_freed_mm_hashes<'py, M: Manager>(slf: &Bound<'py, M>) -> PyResult<Bound<'py, PyList>> {
-    let freed = write(slf)?.cache.take_freed();
-    key_list(slf.py(), &freed)
-}
-
-pub(crate) fn cache_size<M: Manager>(slf: &Bound<'_, M>) -> PyResult<u64> {
-    Ok(read(slf)?.cache.cache_size())
-}
-
-pub(crate) fn set_cache_size<M: Manager>(slf: &Bound<'_, M>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-    let value = value.ok_or_else(|| PyValueError::new_err("cache_size cannot be deleted"))?;
-    let cache_size = count(value, "cache_size")?;
-    Ok(write(slf)?.cache.resize(cache_size)?)
-}
-
-pub(crate) fn num_free_slots<M: Manager>(slf: &Bound<'_, M>) -> PyResult<i128> {
-    Ok(read(slf)?.cache.free_slots())
-}
-
-pub(crate) fn check_invariants<M: Manager>(slf: &Bound<'_, M>) -> PyResult<()> {
-    read(slf)?.cache.check()
-}
-
-pub(crate) fn snapshot<'py, M: Manager>(slf: &Bound<'py, M>) -> PyResult<Bound<'py, PyDict>> {
-    read(slf)?.cache.to_dict(slf.py())
-}
-
-/// A manager of class `cls` in `state`: built as `cls(cache_size)`, so
-/// subclasses construct themselves, then given the restored cache.
-pub(crate) fn restore<'py, M: Manager>(cls: &Bound<'py, PyType>, state: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    let cache = M::Cache::from_dict(state)?;
-    let manager = cls.call1((cache.cache_size(),))?;
-    write(manager.cast::<M>()?)?.cache = cache;
-    Ok(manager)
-}
+//! class's `#[pymethods]` block (PyO3 takes one block per class). A class
+//! derefs to its `ManagerState`, and both core caches have the methods used
+//! here under the same names; each class gives its own `dump` and `load` of
+//! the state.
 
 /// The methods both manager classes share, then the class's own `$($own)*`,
-/// as the class's one `#[pymethods]` block.
+/// as the class's one `#[pymethods]` block; `$cache` is the class's core cache.
 macro_rules! manager_methods {
-    ($class:ty { $($own:tt)* }) => {
+    ($class:ty, $cache:ty { $($own:tt)* }) => {
         #[pymethods]
         impl $class {
             /// Build a manager of this class holding `cache_size` embeddings.
@@ -77,19 +23,23 @@ macro_rules! manager_methods {
                 vllm_config: Option<&Bound<'py, PyAny>>,
             ) -> PyResult<Bound<'py, PyAny>> {
                 let _ = vllm_config;
-                $crate::bindings::methods::create_manager(cls, cache_size)
+                cls.call1((cache_size,))
             }
 
             /// Forget every entry, request and pending report, keeping the capacity
             /// (vLLM calls this when the model's weights change).
             fn reset(slf: &Bound<'_, Self>) -> PyResult<()> {
-                $crate::bindings::methods::reset(slf)
+                let mut state = slf.try_borrow_mut()?;
+                state.cache.reset();
+                state.records.clear();
+                Ok(())
             }
 
             /// Return the identifiers whose cached outputs the workers must now drop,
             /// and clear the report.
             fn get_freed_mm_hashes<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-                $crate::bindings::methods::get_freed_mm_hashes(slf)
+                let freed = slf.try_borrow_mut()?.cache.take_freed();
+                $crate::bindings::key_list(slf.py(), &freed)
             }
 
             /// Return None: no metadata travels to the workers.
@@ -102,18 +52,20 @@ macro_rules! manager_methods {
             /// raises ValueError, changing nothing, when the entries in use would not fit.
             #[getter]
             fn cache_size(slf: &Bound<'_, Self>) -> PyResult<u64> {
-                $crate::bindings::methods::cache_size(slf)
+                Ok(slf.try_borrow()?.cache.cache_size())
             }
 
             #[setter]
             fn set_cache_size(slf: &Bound<'_, Self>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-                $crate::bindings::methods::set_cache_size(slf, value)
+                let value = value.ok_or_else(|| pyo3::exceptions::PyValueError::new_err("cache_size cannot be deleted"))?;
+                let cache_size = $crate::bindings::request::count(value, "cache_size")?;
+                Ok(slf.try_borrow_mut()?.cache.resize(cache_size)?)
             }
 
             /// Slots not taken by any entry.
             #[getter]
-            fn num_free_slots(slf: &Bound<'_, Self>) -> PyResult<i128> {
-                $crate::bindings::methods::num_free_slots(slf)
+            fn num_free_slots(slf: &Bound<'_, Self>) -> PyResult<u64> {
+                Ok(slf.try_borrow()?.cache.num_free_slots())
             }
 
             /// Schedule a request's encoder inputs for one step, as vLLM's scheduler loop does.
@@ -152,7 +104,7 @@ macro_rules! manager_methods {
                     shift_computed_tokens,
                     disable_chunked_mm_input,
                 };
-                $crate::bindings::step::try_schedule_encoder_inputs(slf, request, args, has_remote_item, on_mismatch)
+                $crate::bindings::step::try_schedule_encoder_inputs::<$cache, _>(slf, request, args, has_remote_item, on_mismatch)
             }
 
             /// Allocate the inputs `try_schedule_encoder_inputs` returned to encode,
@@ -163,23 +115,23 @@ macro_rules! manager_methods {
                 input_ids: Vec<i64>,
                 duplicate_input_ids: Vec<i64>,
             ) -> PyResult<()> {
-                $crate::bindings::step::allocate_encoder_inputs(slf, request, input_ids, duplicate_input_ids)
+                $crate::bindings::step::allocate_encoder_inputs::<$cache, _>(slf, request, input_ids, duplicate_input_ids)
             }
 
             /// Free the held inputs whose placeholders end at or before `position`
             /// and return their ids, ascending (vLLM's `_free_encoder_inputs`).
             fn free_encoder_inputs_before(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, position: i64) -> PyResult<Vec<usize>> {
-                $crate::bindings::step::free_encoder_inputs_before(slf, request, position)
+                $crate::bindings::step::free_encoder_inputs_before::<$cache, _>(slf, request, position)
             }
 
             /// Raise `encoder_cache.InvariantError` naming the first broken bookkeeping rule.
             fn check_invariants(slf: &Bound<'_, Self>) -> PyResult<()> {
-                $crate::bindings::methods::check_invariants(slf)
+                slf.try_borrow()?.cache.check_invariants().map_err(|v| $crate::bindings::errors::invariant_error(&v))
             }
 
             /// Return the whole state as plain, JSON-serialisable data; `restore` takes it back.
             fn snapshot<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
-                $crate::bindings::methods::snapshot(slf)
+                Self::dump(&slf.try_borrow()?.cache, slf.py())
             }
 
             /// Build a manager in the state `snapshot()` returned.
@@ -188,18 +140,36 @@ macro_rules! manager_methods {
             /// for one that breaks a bookkeeping rule.
             #[classmethod]
             fn restore<'py>(cls: &Bound<'py, PyType>, state: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-                $crate::bindings::methods::restore::<Self>(cls, state)
+                let cache = Self::load(state)?;
+                // Built as `cls(cache_size)`, so subclasses construct themselves, then given the cache.
+                let manager = cls.call1((cache.cache_size(),))?;
+                manager.cast::<Self>()?.try_borrow_mut()?.cache = cache;
+                Ok(manager)
             }
 
             fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-                $crate::bindings::shared::Manager::state(self).records.traverse(&visit)
+                self.records.traverse(&visit)
             }
 
             fn __clear__(&mut self) {
-                $crate::bindings::shared::Manager::state_mut(self).records.clear();
+                self.records.clear();
             }
 
             $($own)*
+        }
+
+        impl std::ops::Deref for $class {
+            type Target = $crate::bindings::shared::ManagerState<$cache>;
+
+            fn deref(&self) -> &Self::Target {
+                &self.state
+            }
+        }
+
+        impl std::ops::DerefMut for $class {
+            fn deref_mut(&mut self) -> &mut Self::Target {
+                &mut self.state
+            }
         }
     };
 }

@@ -4,20 +4,22 @@
 //! Modules, each using only those listed before it:
 //! - `errors`: core errors as Python exceptions;
 //! - `modality`: modality names as the core's tags;
-//! - `request`: reading vLLM-shaped requests, with clear errors;
+//! - `request`: reading vLLM-shaped requests (and `is_embed` masks), with clear errors;
 //! - `state`: state dumps as plain Python data and back;
-//! - `records`: what a manager has read of each request;
+//! - `records`: what a manager has read of each request object, with the core's handles;
 //! - `shared`: a manager's state and how it is borrowed;
 //! - `calls`, `step`: the per-call and the step-level methods' reads;
-//! - `methods`: the methods both manager classes share;
+//! - `methods`: the methods both manager classes share, written once;
 //! - `manager`, `encoder_decoder`: the two manager classes;
-//! - `floor`: `_CallFloor`, a benchmark aid;
-//! - `host_tier`: the host tier's block cache (uses none of the above).
+//! - `host_tier`: the host tier's block cache (uses none of the above);
+//! - `hooks` (cargo feature `test-hooks`, off in the release wheel): `_CallFloor`
+//!   and `_panic_for_test`, for benchmarks and tests.
 
 mod calls;
 mod encoder_decoder;
 mod errors;
-mod floor;
+#[cfg(feature = "test-hooks")]
+mod hooks;
 mod host_tier;
 mod manager;
 mod methods;
@@ -38,24 +40,16 @@ pub(crate) fn key_list<'py>(py: Python<'py>, keys: &[Key]) -> PyResult<Bound<'py
     PyList::new(py, keys.iter().map(|k| &**k))
 }
 
-/// Test hook, private: panics on purpose, so a test can prove that a Rust
-/// panic surfaces as a Python exception (pyo3's PanicException, the release
-/// profile keeps panic = "unwind") instead of aborting the interpreter.
-#[pyfunction]
-fn _panic_for_test() {
-    panic!("deliberate panic from encoder_cache._core._panic_for_test");
-}
-
 // gil_used: the managers rely on the GIL to serialise their callers.
 #[pymodule(gil_used = true)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyEncoderCacheManager>()?;
     m.add_class::<encoder_decoder::PyEncoderDecoderCacheManager>()?;
-    m.add_class::<floor::CallFloor>()?;
     m.add_class::<host_tier::PyHostBlockCache>()?;
     m.add_class::<host_tier::PyHostCacheEntry>()?;
     m.add("HOST_POLICIES", PyTuple::new(m.py(), host_tier::policy_names())?)?;
-    m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
+    #[cfg(feature = "test-hooks")]
+    hooks::add(m)?;
     m.add("POLICIES", PyTuple::new(m.py(), crate::cache::Policy::NAMES)?)?;
     Ok(())
 }

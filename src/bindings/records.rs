@@ -1,138 +1,155 @@
-//! Per-request records: what a manager has read of a request, so that later
-//! calls need not read it again.
+//! Per-request records: what a manager has read of each request object, so
+//! that later calls, per-call or step-level, need not read it again.
 //!
 //! One [`RequestRecord`] per request object, holding the object so that its
 //! identity (the map key) cannot be reused while the record lives. It keeps
-//! the request's id, read once per request object, and what was read of its
-//! items:
-//! - for the per-call methods (`check_and_update_cache`, `can_allocate`,
-//!   `allocate`, ...), an [`InputRecord`] per input: the item's `identifier`
-//!   and `request.get_num_encoder_embeds(i)`, valid while `mm_features[i]`
-//!   is the object they were read from (checked by identity on every call, so
-//!   a replaced item is read afresh; see `calls`);
-//! - for the step-level methods, a [`Slot`] per item: its position from the
-//!   first sight, the rest once a step needs it (see `step`).
+//! the request's id (read once, hashed once) with the core's handle for it,
+//! and an [`InputRecord`] per input: what was read of `mm_features[i]`
+//! (identifier, modality, position, `is_embed`; `get_num_encoder_embeds(i)`
+//! for the per-call methods) and the core's handle for its entry. A call that
+//! finds a valid handle names the request and item to the core without
+//! hashing or comparing a string.
 //!
-//! A vLLM request never changes these once it has them. Records go with
-//! `free(request)` and `reset()`; those of requests that nobody but the
-//! records still holds are swept as the map grows, so a caller that never
-//! calls `free(request)` does not make them pile up.
+//! The per-call methods check `mm_features[i]` by identity on every call and
+//! read a replaced item afresh; the step-level methods read positions the
+//! first time they see an item and the rest when a step first needs it (see
+//! `step`). A vLLM request never changes these once it has them.
+//!
+//! Records go with `free(request)` (vLLM frees every request that finishes,
+//! is aborted or is preempted) and `reset()`. They are only a cache of reads,
+//! so a caller that never frees is bounded by [`MAX_RECORDS`]: past it, the
+//! oldest record goes (and its request is read afresh if it comes again).
+//! Explicit frees cost nothing extra per call, where a weak reference per
+//! request (so a dropped request's record went by itself) costs a callback
+//! object per request and an identity check on every call.
 
-use hashbrown::hash_map::Entry;
+use std::collections::VecDeque;
+
 use hashbrown::HashMap;
 use pyo3::gc::{PyTraverseError, PyVisit};
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString};
 
-use crate::cache::{shrink_when_sparse, Key, KeyArg};
+use crate::cache::{hash_key, Handle, Key, KeyArg};
 use crate::step::{Item, Items, StepError};
 
-/// A request id: from the request's record, or read from the request in this call.
-pub(crate) enum RequestId<'py> {
-    Recorded(Key),
-    Read(Bound<'py, PyString>),
-}
+/// The most request objects a manager keeps records of.
+pub(crate) const MAX_RECORDS: usize = 4096;
 
-impl RequestId<'_> {
-    /// For the core: a recorded key is shared and compared by pointer.
-    pub(crate) fn arg(&self) -> PyResult<KeyArg<'_>> {
-        match self {
-            Self::Recorded(key) => Ok(KeyArg::from(key)),
-            Self::Read(id) => Ok(KeyArg::from(id.to_str()?)),
-        }
-    }
-
-    fn key(&self) -> PyResult<Key> {
-        match self {
-            Self::Recorded(key) => Ok(key.clone()),
-            Self::Read(id) => Ok(Key::from(id.to_str()?)),
-        }
-    }
-}
-
-/// What the per-call methods read of one input, valid while `mm_features[i]` is `feature`.
+/// What was read of one input.
+#[derive(Default)]
 pub(crate) struct InputRecord {
-    pub(crate) feature: Py<PyAny>,
-    pub(crate) identifier: Option<Key>,
-    /// `request.get_num_encoder_embeds(i)`.
-    pub(crate) num_embeds: Option<u64>,
+    /// The `mm_features[i]` object the per-call reads were made from.
+    pub(crate) feature: Option<Py<PyAny>>,
+    /// `feature.identifier` with its hash.
+    pub(crate) identifier: Option<(Key, u64)>,
     /// The item's modality tag (see `modality`).
     pub(crate) modality: Option<u8>,
+    /// `request.get_num_encoder_embeds(i)`, as the per-call methods read it.
+    pub(crate) num_embeds: Option<u64>,
+    /// `(offset, length)` of the item's placeholder, for the step-level methods.
+    pub(crate) position: Option<(u64, u64)>,
+    /// The full item, once a step needed it.
+    pub(crate) item: Option<Box<Item>>,
+    /// The core's handle for the item's entry, when it was last cached.
+    pub(crate) handle: Option<Handle>,
 }
 
-/// What the step-level methods know of an item: its position from the first
-/// sight, the rest once read.
-pub(crate) enum Slot {
-    Position { offset: u64, length: u64 },
-    Read(Box<Item>),
-}
-
-impl Items for [Slot] {
-    fn num_items(&self) -> usize {
-        self.len()
-    }
-
-    fn position(&self, input_id: usize) -> Option<(u64, u64)> {
-        self.get(input_id).map(|slot| match slot {
-            Slot::Position { offset, length } => (*offset, *length),
-            Slot::Read(item) => (item.offset, item.length),
-        })
-    }
-
-    fn item(&self, input_id: usize) -> Result<&Item, StepError> {
-        match self.get(input_id) {
-            Some(Slot::Read(item)) => Ok(item),
-            Some(Slot::Position { .. }) => Err(StepError::NotRead { input_id }),
-            None => Err(StepError::InputOutOfRange { input_id, num_items: self.len() }),
-        }
+impl InputRecord {
+    /// The identifier as the core takes it: hashed, with its last handle.
+    pub(crate) fn key(&self) -> Option<KeyArg<'_>> {
+        self.identifier.as_ref().map(|(key, hash)| KeyArg::hashed(key, *hash).at(self.handle))
     }
 }
 
 /// Everything a manager keeps of one request object.
 pub(crate) struct RequestRecord {
     request: Py<PyAny>,
-    pub(crate) id: Key,
-    /// The per-call methods' records, by input id.
-    pub(crate) inputs: Vec<Option<InputRecord>>,
-    /// The step-level methods' records, one per item seen.
-    pub(crate) slots: Vec<Slot>,
+    id: Key,
+    id_hash: u64,
+    /// The core's handle for the request, while it holds inputs.
+    pub(crate) handle: Option<Handle>,
+    pub(crate) inputs: Vec<InputRecord>,
+    /// Inputs `0..positioned` have their positions read.
+    pub(crate) positioned: usize,
+    /// Whether the record has its place in [`Records`]' age order.
+    aged: bool,
 }
 
 impl RequestRecord {
+    pub(crate) fn new(request: &Bound<'_, PyAny>, id: &str) -> Self {
+        let id = Key::from(id);
+        Self { request: request.clone().unbind(), id_hash: hash_key(&id), id, handle: None, inputs: Vec::new(), positioned: 0, aged: false }
+    }
+
+    /// The request id as the core takes it: hashed, with its last handle.
+    pub(crate) fn id(&self) -> KeyArg<'_> {
+        KeyArg::hashed(&self.id, self.id_hash).at(self.handle)
+    }
+
     /// The record of input `input_id` if it was read from `feature`.
     pub(crate) fn input(&self, input_id: usize, feature: &Bound<'_, PyAny>) -> Option<&InputRecord> {
-        self.inputs.get(input_id).and_then(Option::as_ref).filter(|input| input.feature.is(feature))
+        self.inputs.get(input_id).filter(|input| input.feature.as_ref().is_some_and(|f| f.is(feature)))
     }
 
-    /// The record of input `input_id` as read from `feature`: an empty one
-    /// if there was none, or one of another item object.
+    /// The record of input `input_id` as read from `feature`: emptied first
+    /// if it was read from another object.
     pub(crate) fn input_mut(&mut self, input_id: usize, feature: &Bound<'_, PyAny>) -> &mut InputRecord {
-        if self.inputs.len() <= input_id {
-            self.inputs.resize_with(input_id + 1, || None);
+        self.grow(input_id + 1);
+        let input = &mut self.inputs[input_id];
+        if !input.feature.as_ref().is_some_and(|f| f.is(feature)) {
+            if input.feature.is_some() || input.position.is_some() {
+                *input = InputRecord::default();
+                self.positioned = self.positioned.min(input_id);
+            }
+            self.inputs[input_id].feature = Some(feature.clone().unbind());
         }
-        let slot = &mut self.inputs[input_id];
-        if !matches!(slot, Some(input) if input.feature.is(feature)) {
-            *slot = None;
+        &mut self.inputs[input_id]
+    }
+
+    /// At least `len` input records.
+    pub(crate) fn grow(&mut self, len: usize) {
+        if self.inputs.len() < len {
+            self.inputs.resize_with(len, InputRecord::default);
         }
-        slot.get_or_insert_with(|| InputRecord { feature: feature.clone().unbind(), identifier: None, num_embeds: None, modality: None })
+    }
+
+    /// Forgets every input (the request's items were replaced).
+    pub(crate) fn forget_inputs(&mut self) {
+        self.inputs.clear();
+        self.positioned = 0;
     }
 }
 
-/// Records fewer than this are never swept.
-const MIN_SWEEP: usize = 1024;
+/// A request's inputs as the step functions see them: positions for
+/// `0..positioned`, full items where read.
+pub(crate) struct StepItems<'a> {
+    pub(crate) inputs: &'a [InputRecord],
+}
+
+impl Items for StepItems<'_> {
+    fn num_items(&self) -> usize {
+        self.inputs.len()
+    }
+
+    fn position(&self, input_id: usize) -> Option<(u64, u64)> {
+        self.inputs.get(input_id).and_then(|input| input.position)
+    }
+
+    fn item(&self, input_id: usize) -> Result<&Item, StepError> {
+        match self.inputs.get(input_id) {
+            Some(InputRecord { item: Some(item), .. }) => Ok(item),
+            Some(_) => Err(StepError::NotRead { input_id }),
+            None => Err(StepError::InputOutOfRange { input_id, num_items: self.inputs.len() }),
+        }
+    }
+}
 
 /// The records of every request a manager has seen, by request object.
-pub(crate) struct Records {
+#[derive(Default)]
+pub struct Records {
     by_request: HashMap<usize, RequestRecord>,
-    /// The size at which the map is next swept of requests only it holds.
-    sweep_at: usize,
-}
-
-impl Default for Records {
-    fn default() -> Self {
-        Self { by_request: HashMap::new(), sweep_at: MIN_SWEEP }
-    }
+    /// Record keys, oldest first (some of records gone since).
+    age: VecDeque<usize>,
 }
 
 /// The map key: the object's address, which the record's hold on it keeps unique.
@@ -141,72 +158,70 @@ fn address(request: &Bound<'_, PyAny>) -> usize {
 }
 
 impl Records {
+    #[inline]
     pub(crate) fn get(&self, request: &Bound<'_, PyAny>) -> Option<&RequestRecord> {
         self.by_request.get(&address(request))
     }
 
+    #[inline]
     pub(crate) fn get_mut(&mut self, request: &Bound<'_, PyAny>) -> Option<&mut RequestRecord> {
         self.by_request.get_mut(&address(request))
     }
 
-    /// The record of `request`, created as needed with the id `id` gives.
-    pub(crate) fn entry(&mut self, request: &Bound<'_, PyAny>, id: &RequestId<'_>) -> PyResult<&mut RequestRecord> {
-        if self.by_request.len() >= self.sweep_at {
-            self.sweep(request.py());
+    /// The record of `request`, created with id `id` as needed.
+    pub(crate) fn entry(&mut self, request: &Bound<'_, PyAny>, id: &str) -> &mut RequestRecord {
+        let key = address(request);
+        if !self.by_request.contains_key(&key) {
+            self.put(request, RequestRecord::new(request, id));
         }
-        Ok(match self.by_request.entry(address(request)) {
-            Entry::Occupied(entry) => entry.into_mut(),
-            Entry::Vacant(entry) => {
-                entry.insert(RequestRecord { request: request.clone().unbind(), id: id.key()?, inputs: Vec::new(), slots: Vec::new() })
-            }
-        })
+        self.by_request.get_mut(&key).unwrap_or_else(|| unreachable!("just put"))
     }
 
-    /// Drops the records of requests no one else references any more; the
-    /// next sweep waits until the map has doubled, so sweeping is O(1) per record.
-    fn sweep(&mut self, py: Python<'_>) {
-        // Counted with `sys.getrefcount`, against an object only one reference holds.
-        let Ok(getrefcount) = py.import(intern!(py, "sys")).and_then(|sys| sys.getattr(intern!(py, "getrefcount"))) else {
-            return;
-        };
-        let count = |object: &Bound<'_, PyAny>| getrefcount.call1((object,)).and_then(|n| n.extract::<isize>()).ok();
-        let Some(held_once) = count(PyList::empty(py).as_any()) else {
-            return;
-        };
-        self.by_request.retain(|_, record| count(record.request.bind(py)).is_none_or(|n| n > held_once));
-        shrink_when_sparse(&mut self.by_request);
-        self.sweep_at = (2 * self.by_request.len()).max(MIN_SWEEP);
-    }
-
-    /// The step-level records of `request` and its id if known, taken out for
-    /// a call to update (and give back with [`Self::keep_slots`]).
-    pub(crate) fn take_slots(&mut self, request: &Bound<'_, PyAny>) -> (Option<Key>, Vec<Slot>) {
-        match self.get_mut(request) {
-            Some(record) => (Some(record.id.clone()), std::mem::take(&mut record.slots)),
-            None => (None, Vec::new()),
+    /// Makes room for one more record: past [`MAX_RECORDS`], the oldest goes.
+    fn make_room(&mut self) {
+        while self.by_request.len() >= MAX_RECORDS {
+            let Some(oldest) = self.age.pop_front() else { break };
+            self.by_request.remove(&oldest);
+        }
+        if self.age.len() > 2 * MAX_RECORDS {
+            let live = &self.by_request;
+            self.age.retain(|key| live.contains_key(key));
         }
     }
 
-    pub(crate) fn keep_slots(&mut self, request: &Bound<'_, PyAny>, id: &RequestId<'_>, slots: Vec<Slot>) -> PyResult<()> {
-        self.entry(request, id)?.slots = slots;
-        Ok(())
+    /// The record of `request`, taken out for a call to work on.
+    pub(crate) fn take(&mut self, request: &Bound<'_, PyAny>) -> Option<RequestRecord> {
+        self.by_request.remove(&address(request))
+    }
+
+    /// Gives back a record taken out with [`Self::take`], or adds a new one.
+    pub(crate) fn put(&mut self, request: &Bound<'_, PyAny>, mut record: RequestRecord) {
+        let key = address(request);
+        self.make_room();
+        if !record.aged {
+            record.aged = true;
+            self.age.push_back(key);
+        }
+        self.by_request.insert(key, record);
     }
 
     pub(crate) fn forget(&mut self, request: &Bound<'_, PyAny>) {
         self.by_request.remove(&address(request));
-        shrink_when_sparse(&mut self.by_request);
+        crate::cache::shrink_when_sparse(&mut self.by_request);
     }
 
     pub(crate) fn clear(&mut self) {
-        self.by_request.clear();
+        *self = Self::default();
     }
 
     /// The Python objects the records hold, for the garbage collector.
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         for record in self.by_request.values() {
             visit.call(&record.request)?;
-            for input in record.inputs.iter().flatten() {
-                visit.call(&input.feature)?;
+            for input in &record.inputs {
+                if let Some(feature) = &input.feature {
+                    visit.call(feature)?;
+                }
             }
         }
         Ok(())

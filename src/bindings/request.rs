@@ -104,3 +104,54 @@ pub(crate) fn num_embeds(request: &Bound<'_, PyAny>, input_id: usize) -> PyResul
     let n = request_attr(request, intern!(request.py(), "get_num_encoder_embeds"))?.call1((input_id,))?;
     count(&n, "request.get_num_encoder_embeds()")
 }
+
+/// An `mm_position.is_embed` mask of a placeholder of `length` tokens, or
+/// None without one. Read in one call where the mask allows it: a torch
+/// tensor through `numpy()`, an array or a list of bools through `bytes()`
+/// (one byte per entry, non-zero where true). Anything else, or a mask
+/// whose entries are wider than a byte, is read entry by entry, each
+/// entry's truth as Python sees it.
+pub(crate) fn read_mask(is_embed: &Bound<'_, PyAny>, length: u64) -> PyResult<Option<Vec<bool>>> {
+    if is_embed.is_none() {
+        return Ok(None);
+    }
+    let mask = match mask_bytes(is_embed)? {
+        Some(bytes) if bytes.len() as u64 == length => bytes.into_iter().map(|b| b != 0).collect(),
+        _ => {
+            let py = is_embed.py();
+            let values =
+                if is_embed.hasattr(intern!(py, "tolist"))? { is_embed.call_method0(intern!(py, "tolist"))? } else { is_embed.clone() };
+            values.try_iter()?.map(|v| v?.is_truthy()).collect::<PyResult<Vec<bool>>>()?
+        }
+    };
+    if mask.len() as u64 != length {
+        return Err(PyValueError::new_err(format!("mm_position.is_embed has {} entries for a placeholder of length {length}", mask.len())));
+    }
+    Ok(Some(mask))
+}
+
+/// The mask's bytes in one call, where its type allows: None to read it entry by entry.
+fn mask_bytes(is_embed: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
+    let py = is_embed.py();
+    let array = if is_embed.is_instance_of::<PyList>() || is_embed.is_instance_of::<pyo3::types::PyTuple>() {
+        is_embed.clone()
+    } else if is_embed.hasattr(intern!(py, "numpy"))? {
+        // A torch tensor: its numpy view (CPU tensors only; others are read entry by entry).
+        match is_embed.call_method0(intern!(py, "numpy")) {
+            Ok(array) => array,
+            Err(err) if err.is_instance_of::<pyo3::exceptions::PyException>(py) => return Ok(None),
+            Err(err) => return Err(err),
+        }
+    } else if is_embed.hasattr(intern!(py, "tobytes"))? {
+        is_embed.clone()
+    } else {
+        return Ok(None);
+    };
+    let bytes = py.get_type::<pyo3::types::PyBytes>().call1((array,));
+    match bytes {
+        Ok(bytes) => Ok(Some(bytes.cast_into::<pyo3::types::PyBytes>()?.as_bytes().to_vec())),
+        // Entries that are not byte-sized ints (floats, None, 256): read one by one.
+        Err(err) if err.is_instance_of::<pyo3::exceptions::PyException>(py) => Ok(None),
+        Err(err) => Err(err),
+    }
+}

@@ -1,17 +1,18 @@
 //! The cache's whole state as plain data, the invariants it must satisfy, and
 //! restoring a cache from such a state.
 //!
-//! [`EncoderCache::check_invariants`] checks a snapshot, so the rules are
+//! [`PolicyCache::check_invariants`] checks a snapshot, so the rules are
 //! written once, over sorted maps: with several violations the one reported is
 //! always the same, and `encoder_cache.reference` reports it in the same words.
-//! A child module of `cache` so that `restore` can build the private fields.
-
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use hashbrown::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::{EncoderCache, Entry, Key, Order, Policy, Referrers, RequestRefs, S3FIFO_MAX_CREDIT};
+use super::core::PolicyCache;
+use super::entries::{Entry, Referrers};
+use super::keys::{hash_key, Key};
+use super::policies::{EvictionPolicy, Policy, S3FIFO_MAX_CREDIT};
+use super::requests::RequestRefs;
 
 /// A cached item as plain data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +30,7 @@ pub struct RequestState {
     pub occurrences: BTreeMap<String, u32>,
 }
 
-/// The whole state of an [`EncoderCache`], for debugging dumps and restore.
+/// The whole state of an encoder cache, for debugging dumps and restore.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheState {
     pub cache_size: u64,
@@ -263,16 +264,19 @@ impl CacheState {
     }
 }
 
-impl EncoderCache {
+impl<P: EvictionPolicy> PolicyCache<P> {
     /// The policy's part of the state, beside [`Self::snapshot`].
     pub fn policy_snapshot(&self) -> PolicyState {
         PolicyState {
-            policy: self.order.policy,
-            clock: self.clock,
+            policy: P::POLICY,
+            clock: self.policy.clock(),
             entries: self
                 .entries
                 .iter()
-                .map(|(k, e)| (k.to_string(), EntryPolicyState { frequency: e.frequency, rank: e.rank, modality: e.modality }))
+                .map(|(_, e)| {
+                    let meta = EntryPolicyState { frequency: P::frequency(&e.meta), rank: P::rank(&e.meta), modality: e.modality };
+                    (e.key.to_string(), meta)
+                })
                 .collect(),
             waiting: self.waiting.iter().map(|(r, items)| (r.to_string(), items.iter().map(ToString::to_string).collect())).collect(),
         }
@@ -280,6 +284,7 @@ impl EncoderCache {
 
     /// The whole state as plain, sorted data.
     pub fn snapshot(&self) -> CacheState {
+        let name = |e: u32| self.entries.get(e).key.to_string();
         CacheState {
             cache_size: self.cache_size,
             num_free_slots: self.num_free_slots,
@@ -287,32 +292,32 @@ impl EncoderCache {
             entries: self
                 .entries
                 .iter()
-                .map(|(k, e)| {
-                    let referrers = e.referrers.iter().map(ToString::to_string).collect();
-                    (k.to_string(), EntryState { num_embeds: e.num_embeds, referrers })
+                .map(|(_, e)| {
+                    let referrers = e.referrers.iter().map(|r| self.requests.get(r).id.to_string()).collect();
+                    (e.key.to_string(), EntryState { num_embeds: e.num_embeds, referrers })
                 })
                 .collect(),
             freeable: self.freeable().map(|(k, n)| (k.to_string(), n)).collect(),
             requests: self
                 .requests
                 .iter()
-                .map(|(r, refs)| {
-                    let inputs = refs.inputs.iter().map(|(i, k)| (i, k.to_string())).collect();
-                    let occurrences = refs.occurrences().into_iter().map(|(k, n)| (k.to_string(), n)).collect();
-                    (r.to_string(), RequestState { inputs, occurrences })
+                .map(|(_, refs)| {
+                    let inputs = refs.inputs.iter().map(|(i, e)| (i, name(e))).collect();
+                    let occurrences = refs.occurrences().into_iter().map(|(e, n)| (name(e), n)).collect();
+                    (refs.id.to_string(), RequestState { inputs, occurrences })
                 })
                 .collect(),
-            freed: self.freed.iter().map(ToString::to_string).collect(),
+            freed: self.freed().map(ToString::to_string).collect(),
         }
     }
 
     /// The first broken invariant, if any (see [`CacheState::check_with`]).
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.snapshot().check_with(&self.policy_snapshot())?;
-        let tier_of = |key: &Key| usize::from(self.waiting_count.contains_key(key));
-        for (key, entry) in &self.entries {
-            if entry.referrers.is_empty() && self.order.tier_of_lane(usize::from(entry.lane)) != tier_of(key) {
-                return broken(TIERS_ORDERED, format!("item '{key}' is in the wrong lookahead tier"));
+        for (_, entry) in self.entries.iter() {
+            let tier = usize::from(self.waiting_count.contains_key(&entry.key));
+            if !entry.is_referenced() && P::tier_of_lane(entry.lane) != tier {
+                return broken(TIERS_ORDERED, format!("item '{}' is in the wrong lookahead tier", entry.key));
             }
         }
         let mut counts: HashMap<&Key, u32> = HashMap::new();
@@ -325,77 +330,68 @@ impl EncoderCache {
         Ok(())
     }
 
-    /// A `vllm` cache without marks in exactly `state`, which must satisfy
-    /// every invariant.
-    pub fn restore(state: &CacheState) -> Result<Self, InvariantViolation> {
-        Self::restore_with(state, &PolicyState::default())
-    }
-
-    /// A cache in exactly `state` and `policy`, which must satisfy every invariant.
+    /// A cache in exactly `state` and `policy` (whose `policy` must be `P`'s),
+    /// which must satisfy every invariant.
     pub fn restore_with(state: &CacheState, policy: &PolicyState) -> Result<Self, InvariantViolation> {
         // Share one allocation per item and per request id, as the live cache does.
         fn intern<'a>(keys: &mut HashMap<&'a str, Key>, s: &'a str) -> Key {
-            keys.entry(s).or_insert_with(|| Arc::from(s)).clone()
+            keys.entry(s).or_insert_with(|| Key::from(s)).clone()
         }
         state.check_with(policy)?;
+        if policy.policy != P::POLICY {
+            let detail = format!("a {} state restored as {}", policy.policy, P::POLICY);
+            return Err(InvariantViolation { rule: POLICY_ORDERED, detail });
+        }
         if let Some(item) = policy.entries.keys().find(|item| !state.entries.contains_key(*item)) {
             let detail = format!("policy data for item '{item}', which is not cached");
             return Err(InvariantViolation { rule: POLICY_ORDERED, detail });
         }
         let mut keys = HashMap::new();
         let mut key = |s| intern(&mut keys, s);
-        let mut entries: HashMap<Key, Entry> = state
-            .entries
-            .iter()
-            .map(|(item, e)| {
-                let referrers: Referrers = e.referrers.iter().map(|r| key(r)).collect();
-                let meta = policy.entries.get(item).copied().unwrap_or_default();
-                let mut entry = Entry::new(e.num_embeds, referrers, meta.modality);
-                entry.frequency = meta.frequency;
-                (key(item), entry)
-            })
-            .collect();
-        let waiting: HashMap<Key, Vec<Key>> =
-            policy.waiting.iter().map(|(request, items)| (key(request), items.iter().map(|item| key(item)).collect())).collect();
-        let mut waiting_count: HashMap<Key, u32> = HashMap::new();
-        for item in waiting.values().flatten() {
-            *waiting_count.entry(item.clone()).or_insert(0) += 1;
+        let mut cache = Self::new(state.cache_size);
+        cache.num_free_slots = state.num_free_slots;
+        cache.num_freeable_slots = state.num_freeable_slots;
+        cache.policy.set_clock(policy.clock);
+        let mut request_slots: HashMap<&str, u32> = HashMap::new();
+        for request in state.requests.keys() {
+            let id = key(request);
+            let hash = hash_key(&id);
+            request_slots.insert(request, cache.requests.insert(RequestRefs::new(id, hash)));
         }
-        let mut order = Order::new(policy.policy);
-        let mut last_stamp = 0;
+        let mut entry_slots: HashMap<&str, u32> = HashMap::new();
+        for (item, e) in &state.entries {
+            let referrers: Referrers =
+                e.referrers.iter().filter_map(|r| request_slots.get(r.as_str()).copied()).fold(Referrers::None, |mut set, r| {
+                    set.insert(r);
+                    set
+                });
+            let meta = policy.entries.get(item).copied().unwrap_or_default();
+            let id = key(item);
+            let hash = hash_key(&id);
+            let mut entry = Entry::new(id, hash, e.num_embeds, referrers, meta.modality);
+            entry.meta = P::meta_with(meta.frequency);
+            entry_slots.insert(item, cache.entries.insert(entry));
+        }
+        for (request, held) in &state.requests {
+            let refs = cache.requests.get_mut(request_slots[request.as_str()]);
+            for (&input_id, item) in &held.inputs {
+                refs.inputs.insert_vacant(input_id, entry_slots[item.as_str()]);
+            }
+            refs.repeats = held.occurrences.iter().filter(|(_, n)| **n > 1).map(|(item, n)| (entry_slots[item.as_str()], n - 1)).collect();
+        }
+        for (request, items) in &policy.waiting {
+            cache.waiting.insert(key(request), items.iter().map(|item| key(item)).collect());
+        }
+        for item in cache.waiting.values().flatten() {
+            *cache.waiting_count.entry(item.clone()).or_insert(0) += 1;
+        }
         for (item, _) in &state.freeable {
-            let Some((item, entry)) = entries.get_key_value_mut(item.as_str()) else {
-                let detail = format!("freeable item '{item}' is not cached");
-                return Err(InvariantViolation { rule: FREEABLE_UNREFERENCED, detail });
-            };
-            let tier = usize::from(waiting_count.contains_key(item));
-            let rank = policy.entries.get(item.as_ref()).map(|m| m.rank);
-            EncoderCache::place(&mut order, &mut last_stamp, policy.clock, item.clone(), entry, tier, rank);
+            let e = entry_slots[item.as_str()];
+            let tier = usize::from(cache.waiting_count.contains_key(item.as_str()));
+            let rank = policy.entries.get(item).map(|m| m.rank);
+            cache.policy.release(&mut cache.entries, e, tier, rank);
         }
-        let requests = state
-            .requests
-            .iter()
-            .map(|(request, held)| {
-                let inputs = held.inputs.iter().map(|(i, item)| (*i, key(item))).collect();
-                let repeats = held.occurrences.iter().filter(|(_, n)| **n > 1).map(|(item, n)| (key(item), n - 1)).collect();
-                (key(request), RequestRefs { inputs, repeats })
-            })
-            .collect();
-        let freed = state.freed.iter().map(|item| key(item)).collect();
-        Ok(Self {
-            cache_size: state.cache_size,
-            num_free_slots: state.num_free_slots,
-            num_freeable_slots: state.num_freeable_slots,
-            entries,
-            order,
-            last_stamp,
-            clock: policy.clock,
-            requests,
-            freed,
-            waiting,
-            waiting_count,
-            stats: super::CacheStats::default(),
-            evicted: super::Evicted::default(),
-        })
+        cache.freed = state.freed.iter().map(|item| (key(item), hash_key(item))).collect();
+        Ok(cache)
     }
 }

@@ -1,5 +1,6 @@
 //! What the cache did: hits, misses, evictions and re-encodes, overall and
-//! per modality.
+//! per modality, and the memory of evicted items that re-encodes are
+//! recognised by.
 //!
 //! Counted at one stage, once per (request, input) acquisition: a hit is a
 //! `check_and_update_cache` that adds a reference for an input the request did
@@ -11,10 +12,8 @@ use std::collections::VecDeque;
 
 use hashbrown::HashMap;
 
-use super::{Key, KeyArg};
-
-/// How many evicted identifiers the cache remembers to recognise re-encodes:
-/// the most recent evictions (an identifier leaves when allocated again).
+/// How many evicted items the cache remembers to recognise re-encodes: the
+/// most recent evictions (an item leaves when allocated again).
 pub const EVICTED_MEMORY: usize = 1 << 16;
 
 /// One set of counters.
@@ -48,78 +47,120 @@ impl Counters {
     pub fn is_zero(&self) -> bool {
         *self == Self::default()
     }
+
+    fn add(&mut self, other: &Counters) {
+        for (mine, theirs) in self.fields_mut().into_iter().zip(other.named()) {
+            *mine += theirs.1;
+        }
+    }
+
+    fn fields_mut(&mut self) -> [&mut u64; 8] {
+        [
+            &mut self.hits,
+            &mut self.misses,
+            &mut self.hit_embeds,
+            &mut self.miss_embeds,
+            &mut self.evictions,
+            &mut self.evicted_embeds,
+            &mut self.reencodes,
+            &mut self.reencode_embeds,
+        ]
+    }
 }
 
-/// The cache's counters since it was built or [`super::EncoderCache::reset_stats`].
+/// A report of the counters since the cache was built or reset.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CacheStats {
     pub total: Counters,
-    /// By modality tag (the `modality` given at allocation; 0 = unknown). A
-    /// tag below the largest one seen may have all-zero counters.
+    /// By modality tag (the `modality` given at allocation; 0 = unknown), up
+    /// to the largest tag counted. A tag below it may have all-zero counters.
     pub by_modality: Vec<Counters>,
 }
 
-#[derive(Clone, Copy)]
-pub(super) enum Event {
-    Hit,
-    Miss,
-    Eviction,
-    Reencode,
+/// The live counters: one set per modality tag, in a fixed array, so counting
+/// is a plain increment.
+#[derive(Debug, Clone)]
+pub(crate) struct Tally {
+    by_modality: Box<[Counters; 256]>,
 }
 
-impl CacheStats {
-    pub(super) fn count(&mut self, event: Event, modality: u8, embeds: u64) {
-        let index = usize::from(modality);
-        if self.by_modality.len() <= index {
-            self.by_modality.resize(index + 1, Counters::default());
-        }
-        for counters in [&mut self.total, &mut self.by_modality[index]] {
-            let (count, sum) = match event {
-                Event::Hit => (&mut counters.hits, &mut counters.hit_embeds),
-                Event::Miss => (&mut counters.misses, &mut counters.miss_embeds),
-                Event::Eviction => (&mut counters.evictions, &mut counters.evicted_embeds),
-                Event::Reencode => (&mut counters.reencodes, &mut counters.reencode_embeds),
-            };
-            *count += 1;
-            *sum += embeds;
-        }
+impl Default for Tally {
+    fn default() -> Self {
+        Self { by_modality: Box::new([Counters::default(); 256]) }
     }
 }
 
-/// The most recently evicted identifiers, oldest forgotten first.
+impl Tally {
+    #[inline]
+    pub(crate) fn hit(&mut self, modality: u8, embeds: u64) {
+        let c = &mut self.by_modality[usize::from(modality)];
+        c.hits += 1;
+        c.hit_embeds += embeds;
+    }
+
+    #[inline]
+    pub(crate) fn miss(&mut self, modality: u8, embeds: u64) {
+        let c = &mut self.by_modality[usize::from(modality)];
+        c.misses += 1;
+        c.miss_embeds += embeds;
+    }
+
+    #[inline]
+    pub(crate) fn eviction(&mut self, modality: u8, embeds: u64) {
+        let c = &mut self.by_modality[usize::from(modality)];
+        c.evictions += 1;
+        c.evicted_embeds += embeds;
+    }
+
+    #[inline]
+    pub(crate) fn reencode(&mut self, modality: u8, embeds: u64) {
+        let c = &mut self.by_modality[usize::from(modality)];
+        c.reencodes += 1;
+        c.reencode_embeds += embeds;
+    }
+
+    pub(crate) fn report(&self) -> CacheStats {
+        let last = self.by_modality.iter().rposition(|c| !c.is_zero()).map_or(0, |i| i + 1);
+        let by_modality = self.by_modality[..last].to_vec();
+        let mut total = Counters::default();
+        for counters in &by_modality {
+            total.add(counters);
+        }
+        CacheStats { total, by_modality }
+    }
+}
+
+/// Ghosts: the 64-bit hashes of the most recently evicted items, oldest
+/// forgotten first, so a miss can be recognised as a re-encode without
+/// keeping the identifiers.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Evicted {
-    stamps: HashMap<Key, u64>,
-    order: VecDeque<(u64, Key)>,
+pub(crate) struct Ghosts {
+    /// Hash -> the stamp of its place in `order`.
+    stamps: HashMap<u64, u64>,
+    order: VecDeque<(u64, u64)>,
     last_stamp: u64,
 }
 
-impl Evicted {
-    pub(super) fn insert(&mut self, key: Key) {
+impl Ghosts {
+    pub(crate) fn insert(&mut self, hash: u64) {
         self.last_stamp += 1;
-        self.stamps.insert(key.clone(), self.last_stamp);
-        self.order.push_back((self.last_stamp, key));
+        self.stamps.insert(hash, self.last_stamp);
+        self.order.push_back((self.last_stamp, hash));
         while self.stamps.len() > EVICTED_MEMORY {
-            let Some((stamp, key)) = self.order.pop_front() else { break };
-            if self.stamps.get(&key) == Some(&stamp) {
-                self.stamps.remove(&key);
+            let Some((stamp, hash)) = self.order.pop_front() else { break };
+            if self.stamps.get(&hash) == Some(&stamp) {
+                self.stamps.remove(&hash);
             }
         }
-        if self.order.len() > 2 * EVICTED_MEMORY.max(self.stamps.len()) {
+        if self.order.len() > 2 * EVICTED_MEMORY {
             let stamps = &self.stamps;
-            self.order.retain(|(stamp, key)| stamps.get(key) == Some(stamp));
+            self.order.retain(|(stamp, hash)| stamps.get(hash) == Some(stamp));
         }
     }
 
-    /// Forgets `key`; true if it was remembered.
-    pub(super) fn remove(&mut self, key: KeyArg<'_>) -> bool {
-        if self.stamps.is_empty() {
-            return false;
-        }
-        self.stamps.remove(&key).is_some()
-    }
-
-    pub(super) fn clear(&mut self) {
-        *self = Self::default();
+    /// Forgets `hash`; true if it was remembered.
+    #[inline]
+    pub(crate) fn remove(&mut self, hash: u64) -> bool {
+        !self.stamps.is_empty() && self.stamps.remove(&hash).is_some()
     }
 }

@@ -1,7 +1,14 @@
-//! `_CallFloor`: a benchmark aid, not part of the API. Its methods have the
-//! manager's names and argument lists and change nothing, so timing them
-//! shows what a manager call costs before the manager does any work:
+//! Hooks for benchmarks and tests, built only with the cargo feature
+//! `test-hooks` (`make build` turns it on; the release wheel does not):
 //!
+//! - `_panic_for_test()` panics on purpose, so a test can prove that a Rust
+//!   panic surfaces as a Python exception (pyo3's PanicException, the release
+//!   profile keeps panic = "unwind") instead of aborting the interpreter;
+//! - `_CallFloor`, a benchmark aid. Its methods have the manager's names and
+//!   argument lists and change nothing, so timing them shows what a manager
+//!   call costs before the manager does any work.
+//!
+//! `_CallFloor` comes in two forms:
 //! - `_CallFloor()`: the methods do nothing; the cost of crossing from Python
 //!   into a PyO3 method at all;
 //! - `_CallFloor(reads=True)`: each method also reads from the request what
@@ -84,4 +91,15 @@ impl CallFloor {
         }
         Ok(())
     }
+}
+
+#[pyfunction]
+fn _panic_for_test() {
+    panic!("deliberate panic from encoder_cache._core._panic_for_test");
+}
+
+/// Adds the hooks to the module.
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<CallFloor>()?;
+    m.add_function(wrap_pyfunction!(_panic_for_test, m)?)
 }

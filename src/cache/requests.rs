@@ -1,4 +1,6 @@
-//! The input positions one request holds, each with its item.
+//! Requests: what each one holds ([`RequestRefs`] in the requests table),
+//! and the input positions it holds, each with its item's entry slot
+//! ([`HeldInputs`]).
 //!
 //! A request's positions are its `mm_features` indices: small, dense, and
 //! mostly scheduled and freed in order. So positions below [`NEAR`] live in a
@@ -10,16 +12,59 @@
 
 use std::collections::BTreeMap;
 
-use super::Key;
+use hashbrown::HashMap;
+
+use super::entries::NIL;
+use super::keys::Key;
+use super::table::Named;
+
+/// What one request holds: each cached input position with its item's entry
+/// slot, and how many of those positions hold each item (the occurrence count
+/// that decides when the request's reference is released).
+#[derive(Debug, Clone)]
+pub(crate) struct RequestRefs {
+    pub(crate) id: Key,
+    pub(crate) hash: u64,
+    pub(crate) inputs: HeldInputs,
+    /// Occurrences beyond the first, by entry slot, for items held at several
+    /// inputs (an image re-sent in a chat). Most items are held once and need
+    /// no count: the entry's referrers already say that the request holds it.
+    pub(crate) repeats: HashMap<u32, u32>,
+}
+
+impl RequestRefs {
+    pub(crate) fn new(id: Key, hash: u64) -> Self {
+        Self { id, hash, inputs: HeldInputs::default(), repeats: HashMap::new() }
+    }
+
+    /// How many inputs hold each entry slot the request holds (or counts).
+    pub(crate) fn occurrences(&self) -> HashMap<u32, u32> {
+        let mut counts: HashMap<u32, u32> = HashMap::with_capacity(self.inputs.len());
+        for item in self.inputs.items().chain(self.repeats.keys().copied()) {
+            counts.entry(item).or_insert_with(|| 1 + self.repeats.get(&item).copied().unwrap_or(0));
+        }
+        counts
+    }
+}
+
+impl Named for RequestRefs {
+    fn key(&self) -> &Key {
+        &self.id
+    }
+
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+}
 
 /// Positions below this are indexed directly: at most 64 KiB of slots a request.
 const NEAR: usize = 4096;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeldInputs {
-    /// By position; never ends in an empty slot, so equal holdings compare equal.
-    near: Vec<Option<Key>>,
-    far: BTreeMap<usize, Key>,
+    /// Entry slots by position ([`NIL`]: none); never ends in an empty slot, so equal holdings compare equal.
+    near: Vec<u32>,
+    far: BTreeMap<usize, u32>,
     len: usize,
 }
 
@@ -32,11 +77,11 @@ impl HeldInputs {
         self.len == 0
     }
 
-    pub fn get(&self, input_id: usize) -> Option<&Key> {
+    pub fn get(&self, input_id: usize) -> Option<u32> {
         if input_id < NEAR {
-            self.near.get(input_id)?.as_ref()
+            self.near.get(input_id).copied().filter(|&item| item != NIL)
         } else {
-            self.far.get(&input_id)
+            self.far.get(&input_id).copied()
         }
     }
 
@@ -45,15 +90,15 @@ impl HeldInputs {
     }
 
     /// Holds `item` at `input_id` unless something is held there already; true if it was placed.
-    pub fn insert_vacant(&mut self, input_id: usize, item: Key) -> bool {
+    pub fn insert_vacant(&mut self, input_id: usize, item: u32) -> bool {
         let placed = if input_id < NEAR {
             if self.near.len() <= input_id {
-                self.near.resize(input_id + 1, None);
+                self.near.resize(input_id + 1, NIL);
             }
             let slot = &mut self.near[input_id];
-            let vacant = slot.is_none();
+            let vacant = *slot == NIL;
             if vacant {
-                *slot = Some(item);
+                *slot = item;
             }
             vacant
         } else {
@@ -69,10 +114,14 @@ impl HeldInputs {
         placed
     }
 
-    pub fn remove(&mut self, input_id: usize) -> Option<Key> {
+    pub fn remove(&mut self, input_id: usize) -> Option<u32> {
         let item = if input_id < NEAR {
-            let item = self.near.get_mut(input_id)?.take()?;
-            while let Some(None) = self.near.last() {
+            let slot = self.near.get_mut(input_id)?;
+            let item = std::mem::replace(slot, NIL);
+            if item == NIL {
+                return None;
+            }
+            while self.near.last() == Some(&NIL) {
                 self.near.pop();
             }
             // Gives memory back after a long request's tail is freed; O(1) per removal.
@@ -88,28 +137,28 @@ impl HeldInputs {
     }
 
     /// Held positions with their items, in ascending position order.
-    pub fn iter(&self) -> impl Iterator<Item = (usize, &Key)> {
-        let near = self.near.iter().enumerate().filter_map(|(input_id, item)| Some((input_id, item.as_ref()?)));
-        near.chain(self.far.iter().map(|(input_id, item)| (*input_id, item)))
+    pub fn iter(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        let near = self.near.iter().enumerate().filter(|(_, &item)| item != NIL).map(|(input_id, &item)| (input_id, item));
+        near.chain(self.far.iter().map(|(input_id, item)| (*input_id, *item)))
     }
 
     pub fn positions(&self) -> impl Iterator<Item = usize> + '_ {
         self.iter().map(|(input_id, _)| input_id)
     }
 
-    pub fn items(&self) -> impl Iterator<Item = &Key> {
+    pub fn items(&self) -> impl Iterator<Item = u32> + '_ {
         self.iter().map(|(_, item)| item)
     }
 
     /// The held items in ascending position order, emptying the holdings.
-    pub fn into_items(self) -> impl Iterator<Item = Key> {
-        self.near.into_iter().flatten().chain(self.far.into_values())
+    pub fn into_items(self) -> impl Iterator<Item = u32> {
+        self.near.into_iter().filter(|&item| item != NIL).chain(self.far.into_values())
     }
 }
 
-impl FromIterator<(usize, Key)> for HeldInputs {
+impl FromIterator<(usize, u32)> for HeldInputs {
     /// A later item at an already held position is dropped.
-    fn from_iter<I: IntoIterator<Item = (usize, Key)>>(inputs: I) -> Self {
+    fn from_iter<I: IntoIterator<Item = (usize, u32)>>(inputs: I) -> Self {
         let mut held = Self::default();
         for (input_id, item) in inputs {
             held.insert_vacant(input_id, item);
@@ -123,7 +172,7 @@ mod tests {
     use super::*;
 
     fn held(positions: &[usize]) -> HeldInputs {
-        positions.iter().map(|&i| (i, Key::from(format!("item{i}")))).collect()
+        positions.iter().map(|&i| (i, u32::try_from(i % 1_000_000).unwrap())).collect()
     }
 
     #[test]
@@ -131,16 +180,16 @@ mod tests {
         let mut inputs = held(&[NEAR + 5, 3, usize::MAX, 0, NEAR - 1]);
         assert_eq!(inputs.len(), 5);
         assert_eq!(inputs.positions().collect::<Vec<_>>(), [0, 3, NEAR - 1, NEAR + 5, usize::MAX]);
-        assert!(!inputs.insert_vacant(3, Key::from("other")), "a held position is not replaced");
-        assert_eq!(inputs.get(3).map(|k| &**k), Some("item3"));
-        assert_eq!(inputs.remove(NEAR - 1).as_deref(), Some(&*format!("item{}", NEAR - 1)));
+        assert!(!inputs.insert_vacant(3, 77), "a held position is not replaced");
+        assert_eq!(inputs.get(3), Some(3));
+        assert_eq!(inputs.remove(NEAR - 1), Some(u32::try_from(NEAR - 1).unwrap()));
         assert_eq!(inputs.remove(NEAR - 1), None);
-        assert_eq!(inputs.remove(usize::MAX).as_deref(), Some(&*format!("item{}", usize::MAX)));
+        assert_eq!(inputs.remove(usize::MAX), Some(u32::try_from(usize::MAX % 1_000_000).unwrap()));
         assert_eq!(inputs.remove(7), None);
         assert_eq!(inputs, held(&[0, 3, NEAR + 5]), "equal holdings compare equal, however they were reached");
         assert!(!inputs.contains(1) && inputs.contains(NEAR + 5));
-        let items: Vec<Key> = inputs.into_items().collect();
-        assert_eq!(items.iter().map(|k| &**k).collect::<Vec<_>>(), ["item0", "item3", &*format!("item{}", NEAR + 5)]);
+        let items: Vec<u32> = inputs.into_items().collect();
+        assert_eq!(items, [0, 3, u32::try_from(NEAR + 5).unwrap()]);
     }
 
     #[test]
