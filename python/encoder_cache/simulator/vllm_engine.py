@@ -48,7 +48,7 @@ from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.ledger import Ledger
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE
-from encoder_cache.simulator.prompts import Prompts, materialize
+from encoder_cache.simulator.prompts import Prompts, materialize, token_ids
 from encoder_cache.simulator.results import Counters, RunResult, SimulationError
 from encoder_cache.simulator.variants import Variant
 from encoder_cache.simulator.spec import RequestSpec
@@ -106,7 +106,7 @@ def _model_config(directory: Path, max_model_len: int) -> Any:
     config = {
         "architectures": ["LlavaForConditionalGeneration"],
         "model_type": "llava",
-        "image_token_index": _PLACEHOLDER_BASE,
+        "image_token_index": int(token_ids(("p", "image"), -1, 1, _VOCAB)[0]),
         "projector_hidden_act": "gelu",
         "vision_feature_layer": -2,
         "vision_feature_select_strategy": "default",
