@@ -45,7 +45,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--seeds", default="1,2")
     p.add_argument("--sizes", default="8192,32768")
-    p.add_argument("--policies", default="vllm,gdsf,s3fifo,gdsf-ghost")
+    p.add_argument("--policies", default="vllm,gdsf,s3fifo,lfu-ghost")
     p.add_argument("--lookahead", default="", help="--lookahead or --no-lookahead (default: both)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--jobs", default="1")

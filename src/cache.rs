@@ -46,7 +46,7 @@ pub use entries::Entry;
 pub use errors::CacheError;
 pub use frequency_memory::{FrequencyMemory, FREQUENCY_MEMORY};
 pub use keys::{hash_key, Handle, Key, KeyArg};
-pub use policies::{EvictionPolicy, Gdsf, GdsfMeta, GhostGdsf, Policy, S3Fifo, S3FifoMeta, Vllm, GDSF_COST_SCALE, S3FIFO_MAX_CREDIT};
+pub use policies::{EvictionPolicy, Gdsf, GdsfMeta, GhostLfu, Policy, S3Fifo, S3FifoMeta, Vllm, GDSF_COST_SCALE, S3FIFO_MAX_CREDIT};
 pub use requests::HeldInputs;
 pub use state::{CacheState, EntryPolicyState, EntryState, InvariantViolation, PolicyState, RequestState};
 pub use stats::{CacheStats, Counters, EVICTED_MEMORY};

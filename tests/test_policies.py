@@ -76,7 +76,7 @@ def make(request: Any) -> Any:
 
 
 def test_policies_are_named_and_bad_names_are_refused(make):
-    assert reference.POLICIES == POLICIES == ("vllm", "gdsf", "s3fifo", "gdsf-ghost")
+    assert reference.POLICIES == POLICIES == ("vllm", "gdsf", "s3fifo", "lfu-ghost")
     for name in POLICIES:
         assert make(8, policy=name).policy == name
     assert make(8).policy == "vllm"
@@ -102,13 +102,13 @@ def test_gdsf_ghost_resumes_an_evicted_items_count_where_gdsf_forgets_it(make):
         free(m, "s")
         admit(m, "again", "hot", 10)  # back: a miss
         free(m, "again")
-        assert m.snapshot()["entries"]["hot"].get("frequency", 1) == (5 if policy == "gdsf-ghost" else 1)
+        assert m.snapshot()["entries"]["hot"].get("frequency", 1) == (5 if policy == "lfu-ghost" else 1)
         admit(m, "t", "newcomer", 10)
         free(m, "t")
         m.get_freed_mm_hashes()
         return evict_for(m, 10)
 
-    assert run("gdsf-ghost") == ["newcomer"]
+    assert run("lfu-ghost") == ["newcomer"]
     assert run("gdsf") == ["hot"]
 
 
@@ -335,9 +335,9 @@ def _ops(seed: int, *managers: Any, steps: int = 150) -> None:
             assert m.stats() == first.stats()
 
 
-#: Policies whose whole state a snapshot holds (gdsf-ghost's memory of evicted
+#: Policies whose whole state a snapshot holds (lfu-ghost's memory of evicted
 #: items' counts is not in it: a restored manager starts with an empty memory).
-SNAPSHOT_COMPLETE = tuple(p for p in POLICIES if p != "gdsf-ghost")
+SNAPSHOT_COMPLETE = tuple(p for p in POLICIES if p != "lfu-ghost")
 
 
 @pytest.mark.parametrize("policy", POLICIES)

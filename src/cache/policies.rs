@@ -12,9 +12,10 @@
 //! - [`Gdsf`]: one min-heap lane per tier on (priority, release order).
 //! - [`S3Fifo`]: two FIFO lanes per tier, *small* (entries acquired once)
 //!   evicted before *main* (entries hit since allocation), main a CLOCK.
-//! - [`GhostGdsf`]: [`Gdsf`] whose frequency survives eviction: an item
-//!   allocated again starts from the count it had when evicted
-//!   ([`FrequencyMemory`]).
+//! - [`GhostLfu`]: [`Gdsf`]'s heap without the aging clock (least
+//!   frequently used, weighted by cost per size), whose frequency survives
+//!   eviction: an item allocated again starts from the count it had when
+//!   evicted ([`FrequencyMemory`]).
 //!
 //! `encoder_cache.policies` in the Python twin makes the same decisions with
 //! the same arithmetic; docs/policies.md describes each policy.
@@ -40,11 +41,12 @@ pub enum Policy {
     /// Scan-resistant, after S3-FIFO: entries acquired once are evicted before
     /// entries hit since their allocation, which age out CLOCK-style. O(1) amortised.
     S3Fifo,
-    /// GDSF whose frequency survives eviction: an item allocated again
-    /// resumes the count it had when it was evicted (a bounded memory of
+    /// Least frequently used, weighted by cost per size (`frequency * cost /
+    /// size`, no aging), whose frequency survives eviction: an item allocated
+    /// again resumes the count it had when it was evicted (a bounded memory of
     /// evicted items), so a popular item evicted in a burst comes back ranked
     /// above one-off items. O(log n).
-    GhostGdsf,
+    GhostLfu,
 }
 
 /// GDSF's encoder-cost model: encoding `n` embeddings costs `n + n² / C`
@@ -58,10 +60,10 @@ pub const S3FIFO_MAX_CREDIT: u32 = 3;
 
 impl Policy {
     /// Every policy's name, the default first.
-    pub const NAMES: &'static [&'static str] = &["vllm", "gdsf", "s3fifo", "gdsf-ghost"];
-    pub const ALL: [Policy; 4] = [Policy::Vllm, Policy::Gdsf, Policy::S3Fifo, Policy::GhostGdsf];
+    pub const NAMES: &'static [&'static str] = &["vllm", "gdsf", "s3fifo", "lfu-ghost"];
+    pub const ALL: [Policy; 4] = [Policy::Vllm, Policy::Gdsf, Policy::S3Fifo, Policy::GhostLfu];
     /// What the name [`AUTO`](Self::AUTO) selects: the recommended policy.
-    pub const RECOMMENDED: Policy = Policy::GhostGdsf;
+    pub const RECOMMENDED: Policy = Policy::GhostLfu;
     /// The name of the recommended policy, whichever it is.
     pub const AUTO: &'static str = "auto";
 
@@ -78,7 +80,7 @@ impl Policy {
             Self::Vllm => "vllm",
             Self::Gdsf => "gdsf",
             Self::S3Fifo => "s3fifo",
-            Self::GhostGdsf => "gdsf-ghost",
+            Self::GhostLfu => "lfu-ghost",
         }
     }
 
@@ -397,16 +399,18 @@ impl EvictionPolicy for S3Fifo {
     }
 }
 
-/// GDSF whose frequency survives eviction: [`Gdsf`]'s order, and a memory of
+/// LFU whose frequency survives eviction: [`Gdsf`]'s heap and tie-breaks
+/// with priority `frequency * cost / size` and no clock, and a memory of
 /// evicted items' counts that an item allocated again resumes.
 #[derive(Debug, Clone, Default)]
-pub struct GhostGdsf {
+pub struct GhostLfu {
+    /// Its clock is never read: every release passes its priority.
     gdsf: Gdsf,
     memory: FrequencyMemory,
 }
 
-impl EvictionPolicy for GhostGdsf {
-    const POLICY: Policy = Policy::GhostGdsf;
+impl EvictionPolicy for GhostLfu {
+    const POLICY: Policy = Policy::GhostLfu;
     type Meta = GdsfMeta;
 
     fn on_hit(meta: &mut GdsfMeta) {
@@ -415,7 +419,9 @@ impl EvictionPolicy for GhostGdsf {
 
     #[allow(private_interfaces)]
     fn release(&mut self, entries: &mut Entries<Self>, index: u32, tier: usize, restored: Option<f64>) {
-        self.gdsf.release(entries, index, tier, restored);
+        let entry = entries.get(index);
+        let priority = restored.unwrap_or_else(|| f64::from(entry.meta.frequency) * Policy::gdsf_value(entry.num_embeds));
+        self.gdsf.release(entries, index, tier, Some(priority));
     }
 
     #[allow(private_interfaces)]
@@ -435,14 +441,6 @@ impl EvictionPolicy for GhostGdsf {
 
     fn tier_of_lane(lane: u8) -> usize {
         Gdsf::tier_of_lane(lane)
-    }
-
-    fn clock(&self) -> f64 {
-        self.gdsf.clock()
-    }
-
-    fn set_clock(&mut self, clock: f64) {
-        self.gdsf.set_clock(clock);
     }
 
     fn frequency(meta: &GdsfMeta) -> u32 {

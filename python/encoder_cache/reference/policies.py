@@ -29,19 +29,19 @@ __all__ = [
     "EvictionPolicy",
     "FREQUENCY_MEMORY",
     "GdsfPolicy",
-    "GhostGdsfPolicy",
+    "GhostLfuPolicy",
     "S3FifoPolicy",
     "VllmPolicy",
     "make_policy",
 ]
 
 #: The built-in policies, by name; "vllm" is the default.
-POLICIES = ("vllm", "gdsf", "s3fifo", "gdsf-ghost")
+POLICIES = ("vllm", "gdsf", "s3fifo", "lfu-ghost")
 
 #: The policy the name "auto" selects: the recommended one.
-RECOMMENDED = "gdsf-ghost"
+RECOMMENDED = "lfu-ghost"
 
-#: How many evicted items ``gdsf-ghost`` remembers the counts of.
+#: How many evicted items ``lfu-ghost`` remembers the counts of.
 FREQUENCY_MEMORY = 8192
 
 #: GDSF's encoder-cost model: encoding ``n`` embeddings costs ``n + n**2 / C``
@@ -299,17 +299,19 @@ class S3FifoPolicy(EvictionPolicy):
             self.credit[identifier] = int(rank)
 
 
-class GhostGdsfPolicy(GdsfPolicy):
-    """GDSF whose frequency survives eviction.
+class GhostLfuPolicy(GdsfPolicy):
+    """Least frequently used, weighted by cost per size, whose frequency
+    survives eviction.
 
-    :class:`GdsfPolicy`'s order, and a memory of the counts of the last
-    :data:`FREQUENCY_MEMORY` items evicted: an item allocated again resumes
-    the count it had when evicted (plus this allocation), so a popular item
-    pushed out by a burst of one-off items comes back ranked above them.
+    :class:`GdsfPolicy`'s heap and tie-breaks with priority ``frequency * cost
+    / size`` and no aging (the clock stays 0), and a memory of the counts of
+    the last :data:`FREQUENCY_MEMORY` items evicted: an item allocated again
+    resumes the count it had when evicted (plus this allocation), so a popular
+    item pushed out by a burst of one-off items comes back ranked above them.
     O(log n) per call, as GDSF; the memory adds O(1).
     """
 
-    name = "gdsf-ghost"
+    name = "lfu-ghost"
 
     def __init__(self, cost_scale: float = GDSF_COST_SCALE) -> None:
         super().__init__(cost_scale)
@@ -324,9 +326,13 @@ class GhostGdsfPolicy(GdsfPolicy):
         super().admitted(identifier, num_embeds)
         self.frequency[identifier] = self.memory.pop(identifier, 0) + 1
 
+    def released(self, identifier: str, tier: int) -> None:
+        self.release_at(identifier, tier, self.frequency[identifier] * self.value(identifier))
+
     def evicted(self, identifier: str) -> None:
         count = self.frequency[identifier]
         super().evicted(identifier)
+        self.clock = 0.0
         self.memory[identifier] = count
         if len(self.memory) > FREQUENCY_MEMORY:
             del self.memory[next(iter(self.memory))]
@@ -336,7 +342,7 @@ _BUILT_IN: dict[str, type[EvictionPolicy]] = {
     "vllm": VllmPolicy,
     "gdsf": GdsfPolicy,
     "s3fifo": S3FifoPolicy,
-    "gdsf-ghost": GhostGdsfPolicy,
+    "lfu-ghost": GhostLfuPolicy,
 }
 
 
