@@ -27,8 +27,8 @@ def run(engine: str, workload: str, requests: int, seed: int, sizes: str, polici
     cmd = [sys.executable, "-m", "encoder_cache", "simulate", "--engine", engine, "--workload", workload]
     cmd += ["--requests", str(requests), "--seed", str(seed), "--cache-sizes", sizes, "--policy", policies]
     cmd += ["--json", "--no-progress", "--jobs", JOBS]
-    if lookahead:
-        cmd.append(lookahead)
+    if lookahead != "both":
+        cmd.append("--lookahead" if lookahead == "only" else "--no-lookahead")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     data = json.loads(out)
     rows = []
@@ -46,7 +46,7 @@ def main() -> None:
     p.add_argument("--seeds", default="1,2")
     p.add_argument("--sizes", default="8192,32768")
     p.add_argument("--policies", default="vllm,gdsf,s3fifo,lfu-ghost")
-    p.add_argument("--lookahead", default="", help="--lookahead or --no-lookahead (default: both)")
+    p.add_argument("--lookahead", choices=("both", "only", "none"), default="both", help="lookahead variants: both, only, none")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--jobs", default="1")
     a = p.parse_args()
