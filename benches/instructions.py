@@ -151,7 +151,11 @@ def main(cases: list[str]) -> None:
         source.write_text(MARKS_C)
         subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(marks), str(source)], check=True)
         per_impl = {impl: counts(impl, cases, str(marks), out_dir) for impl in IMPLEMENTATIONS}
-    print("| case | vLLM | Rust | vLLM / Rust | floor | Rust / floor | reads | " + " | ".join(f"{p} / Rust" for p in POLICIES) + " |")
+    print(
+        "| case | vLLM | Rust | vLLM / Rust | floor | Rust / floor | reads | "
+        + " | ".join(f"{p} / Rust" for p in POLICIES)
+        + " |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in POLICIES) + " |")
     for case in cases:
         per_unit = {}

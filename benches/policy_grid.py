@@ -19,7 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 JOBS = "1"
 
 
@@ -33,8 +32,16 @@ def run(engine: str, workload: str, requests: int, seed: int, sizes: str, polici
     data = json.loads(out)
     rows = []
     for r in data["sweep"]:
-        rows.append({"engine": engine, "workload": workload, "seed": seed, "size": r["encoder_cache_size"],
-                     "variant": r["name"], "encoded": r["counters"]["encoded_embeds"]})
+        rows.append(
+            {
+                "engine": engine,
+                "workload": workload,
+                "seed": seed,
+                "size": r["encoder_cache_size"],
+                "variant": r["name"],
+                "encoded": r["counters"]["encoded_embeds"],
+            }
+        )
     return rows
 
 
@@ -46,7 +53,9 @@ def main() -> None:
     p.add_argument("--seeds", default="1,2")
     p.add_argument("--sizes", default="8192,32768")
     p.add_argument("--policies", default="vllm,gdsf,s3fifo,lfu-ghost")
-    p.add_argument("--lookahead", choices=("both", "only", "none"), default="both", help="lookahead variants: both, only, none")
+    p.add_argument(
+        "--lookahead", choices=("both", "only", "none"), default="both", help="lookahead variants: both, only, none"
+    )
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--jobs", default="1")
     a = p.parse_args()

@@ -130,7 +130,9 @@ class ManagerOptions:
             raise ValueError(f"manager_config cache_gib must be a positive number (GiB), got {gib!r}")
         policy = options.get("policy", "vllm")
         if policy not in (*_core.POLICIES, "auto"):
-            raise ValueError(f"manager_config policy must be one of {', '.join(_core.POLICIES)} or auto, got {policy!r}")
+            raise ValueError(
+                f"manager_config policy must be one of {', '.join(_core.POLICIES)} or auto, got {policy!r}"
+            )
         lookahead = options.get("lookahead", False)
         if not isinstance(lookahead, bool):
             raise ValueError(f"manager_config lookahead must be true or false, got {lookahead!r}")

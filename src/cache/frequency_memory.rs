@@ -48,9 +48,42 @@ impl FrequencyMemory {
         }
         self.counts.remove(&hash).map_or(0, |(_, count)| count)
     }
+}
 
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.counts.len()
+#[cfg(test)]
+mod tests {
+    use super::{FrequencyMemory, FREQUENCY_MEMORY};
+
+    #[test]
+    fn a_count_is_taken_back_once() {
+        let mut memory = FrequencyMemory::default();
+        memory.insert(7, 5);
+        assert_eq!(memory.take(7), 5);
+        assert_eq!(memory.take(7), 0);
+    }
+
+    #[test]
+    fn the_oldest_eviction_is_forgotten_first() {
+        let mut memory = FrequencyMemory::default();
+        for hash in 0..=FREQUENCY_MEMORY as u64 {
+            memory.insert(hash, 2);
+        }
+        assert_eq!(memory.take(0), 0, "one over the bound: the first is forgotten");
+        assert_eq!(memory.take(1), 2);
+        assert_eq!(memory.take(FREQUENCY_MEMORY as u64), 2);
+    }
+
+    #[test]
+    fn an_item_taken_back_and_evicted_again_counts_from_its_new_place() {
+        let mut memory = FrequencyMemory::default();
+        memory.insert(1, 3);
+        memory.insert(2, 1);
+        assert_eq!(memory.take(1), 3);
+        memory.insert(1, 4); // now evicted after 2
+        for hash in 3..=FREQUENCY_MEMORY as u64 + 1 {
+            memory.insert(hash, 1);
+        }
+        assert_eq!(memory.take(2), 0, "the oldest live place goes");
+        assert_eq!(memory.take(1), 4, "its stale first place did not count");
     }
 }
