@@ -11,6 +11,8 @@ run it with the environment docs/vllm.md describes.
 
 from __future__ import annotations
 
+import json
+import random
 from dataclasses import replace
 
 import pytest
@@ -105,3 +107,47 @@ def test_prefix_caching_off():
     workload = generate(WORKLOADS["chat"])
     counters = _compare(workload, replace(LIMITS, prefix_caching=False, kv_capacity=_tight(workload)))
     assert counters.prefix_hit_tokens == counters.prefix_query_tokens == 0
+
+
+def _templated_trace(path, seed: int = 5, lines: int = 70) -> None:
+    """A deployment's traffic described by content: one system prompt for every
+    request, popular images right after it, questions about a few videos
+    (frames, then the question), and multi-turn sessions extending their
+    previous turn."""
+    rng = random.Random(seed)
+    system = {"text": "system:v1", "tokens": 200}
+    videos = [[{"id": f"v{v}-f{f}", "embeds": 96, "modality": "video"} for f in range(10)] for v in range(3)]
+    with open(path, "w", encoding="utf-8") as handle:
+        t = 0.0
+        for n in range(lines):
+            t += rng.expovariate(4.0)
+            kind = rng.choice(("image", "video", "chat"))
+            record = {"t": round(t, 3), "output_tokens": rng.randint(8, 120), "id": f"r{n}"}
+            if kind == "image":
+                image = rng.choice(range(8))
+                record["prompt"] = [
+                    system,
+                    {"id": f"img{image}", "embeds": 64 * (1 + image)},
+                    {"tokens": rng.randint(5, 60)},
+                ]
+            elif kind == "video":
+                record["prompt"] = [system, *rng.choice(videos), {"tokens": rng.randint(5, 60)}]
+            else:
+                record["session"] = f"s{rng.randrange(6)}"
+                record["prompt"] = [{"id": f"chat{n}", "embeds": 200}, {"tokens": rng.randint(5, 60)}]
+            handle.write(json.dumps(record) + "\n")
+
+
+@pytest.mark.parametrize("scheduling", ["sync", "async"])
+@pytest.mark.parametrize("kv", ["roomy", "tight"])
+def test_a_trace_with_a_shared_template(tmp_path, kv, scheduling):
+    path = tmp_path / "templated.jsonl"
+    _templated_trace(path)
+    trace = TraceWorkload(str(path), 0.05)
+    limits = replace(
+        LIMITS, kv_capacity=ROOMY if kv == "roomy" else _tight(trace), async_scheduling=scheduling == "async"
+    )
+    counters = _compare(trace, limits)
+    assert counters.prefix_skipped_items > 0, "the template makes the prefix cache serve items across requests"
+    if kv == "tight":
+        assert counters.preemptions > 0

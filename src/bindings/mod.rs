@@ -11,9 +11,9 @@
 //! - `calls`, `step`: the per-call and the step-level methods' reads;
 //! - `methods`: the methods both manager classes share, written once;
 //! - `manager`, `encoder_decoder`: the two manager classes;
-//! - `host_tier`: the host tier's block cache (uses none of the above);
 //! - `hooks` (cargo feature `test-hooks`, off in the release wheel): `_CallFloor`
-//!   and `_panic_for_test`, for benchmarks and tests.
+//!   and `_panic_for_test`, for benchmarks and tests;
+//! - `host_tier`: the host tier's block cache (uses none of the above).
 
 mod calls;
 mod encoder_decoder;

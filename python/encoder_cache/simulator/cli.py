@@ -34,6 +34,8 @@ from encoder_cache.simulator.plot import plot
 from encoder_cache.simulator.progress import Progress
 from encoder_cache.simulator.report import Report
 from encoder_cache.simulator.results import SimulationError
+from encoder_cache.simulator.routing_cli import check_routing_flags, run_routing
+from encoder_cache.simulator.routing_report import RoutingReport
 from encoder_cache.simulator.sweep import Engine, Runner, fill, planned_runs
 from encoder_cache.simulator.trace import TraceError, TraceWorkload, write_trace
 from encoder_cache.simulator.variants import (
@@ -200,7 +202,51 @@ def _max_tokens(workload: Any) -> int:
     return workload.max_tokens() or 0
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> Report | None:
+def _run_routing(
+    args: argparse.Namespace,
+    out: TextIO,
+    limits: SchedulerLimits,
+    cost: EncoderCost,
+    bytes_per_embed: int,
+    step_seconds: float,
+) -> RoutingReport | None:
+    cache_sizes = None
+    if args.cache_sizes is not None:
+        try:
+            cache_sizes = args.cache_sizes.embeds(bytes_per_embed)
+        except ValueError as exc:
+            raise UsageError(f"--cache-sizes: {exc}") from None
+
+    def workload() -> Any:
+        loaded = _workload(args, step_seconds)
+        if _max_tokens(loaded) > limits.kv_tokens:
+            raise UsageError(
+                f"a request needs more tokens of KV cache than the {limits.kv_tokens:,} --kv-capacity "
+                f"{limits.kv_capacity:,} holds; raise it or shrink the workload"
+            )
+        if not loaded.max_embeds_per_item():
+            out.write(f"{loaded.describe()}: no request has a multimodal item: nothing to route by.\n")
+            return None
+        return loaded
+
+    try:
+        return run_routing(
+            args,
+            out,
+            limits=limits,
+            cost=cost,
+            bytes_per_embed=bytes_per_embed,
+            step_seconds=step_seconds,
+            cache_sizes=cache_sizes,
+            workload=workload,
+        )
+    except ValueError as exc:
+        raise UsageError(flagged(str(exc))) from None
+
+
+def run(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> Report | RoutingReport | None:
     """Run what ``args`` describe; the report goes to ``out`` (stdout), the
     progress bar to ``err`` (stderr) when it is a terminal."""
     out = sys.stdout if out is None else out
@@ -228,6 +274,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         )
         raise UsageError(flagged(message)) from None
     bytes_per_embed, basis = _memory(args)
+    unrouted = check_routing_flags(args)
+    if unrouted is not None:
+        raise UsageError(unrouted)
+    if args.replicas is not None:
+        return _run_routing(args, out, limits, cost, bytes_per_embed, step_seconds)
     engine = _engine(args)
     jobs = (1 if args.engine == "vllm" else min(2, os.cpu_count() or 1)) if args.jobs is None else args.jobs
     if jobs <= 0:
@@ -291,8 +342,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         basis,
         default_size,
         behaviour=args.behaviour is not None,
-        notes=notes,
         engine=args.engine,
+        notes=notes,
     )
     sweep = not args.no_sweep and args.behaviour is None
     explicit = args.cache_sizes is not None

@@ -136,6 +136,8 @@ class _Run:
         self.finished_since_schedule = False
         self.running: list[_Live] = []
         self.waiting: deque[_Live] = deque()
+        self.batches: deque[_Batch] = deque()  # scheduled steps whose output is not processed yet
+        self.idle = 0  # steps in a row that scheduled nothing
         self.arrivals = Arrivals(specs)
         self.prompts = Prompts()
         #: Recent sessions' last requests: a turn reuses its prefix's block hashes (a bounded cache, not state).
@@ -192,10 +194,11 @@ class _Run:
     # its output processed; with async scheduling a batch queue two deep
     # schedules the next step before processing the previous one's output.
 
-    def run(self) -> None:
-        batches: deque[_Batch] = deque()
-        idle = 0
-        while True:
+    def run(self, until: int | None = None) -> None:
+        """Run the workload to its end; or, for a driver feeding ``arrivals`` (whose
+        ``next_event()`` then gives ``until`` when nothing else is due), up to step ``until``."""
+        batches = self.batches
+        while until is None or self.clock < until:
             self._read_arrivals()
             if not self.running and not self.waiting and not batches:
                 when = self.arrivals.next_event()
@@ -219,10 +222,10 @@ class _Run:
                 if batch.tokens:
                     self.counters.steps += 1
                     self.counters.waiting_steps += waiting
-                    idle = 0
+                    self.idle = 0
                 else:
-                    idle += 1
-                    if idle > 2 * self.depth:
+                    self.idle += 1
+                    if self.idle > 2 * self.depth:
                         raise SimulationError(
                             f"the scheduler stalled at step {self.counters.steps}: "
                             f"{len(self.running)} running and {len(self.waiting)} waiting requests, none schedulable"
@@ -234,10 +237,18 @@ class _Run:
             if batches:
                 self._update(batches.pop())
             self._tick()
+        else:
+            return  # paused at ``until``
         if self.check:
             checks.released(self.manager, self.pool)
         if self.progress is not None:
             self.progress(self.counters.requests)
+
+    def earliest_finish(self) -> int | None:
+        """The earliest step at which a request in flight can finish (a step
+        processes at most one token of each request), or None when none is in flight."""
+        left = [live.spec.output_tokens - live.num_output for live in (*self.running, *self.waiting)]
+        return self.clock + max(min(left) - 1, 0) if left else None
 
     def _tick(self) -> None:
         self.clock += 1
@@ -573,6 +584,22 @@ def simulate(
     wall = perf_counter() - start
     stats = manager.stats() if hasattr(manager, "stats") else None
     return RunResult(variant, compute_budget, size, run.counters, run.bookkeeping, wall, stats)
+
+
+def steppable(
+    arrivals: Any,
+    limits: SchedulerLimits,
+    manager: Any,
+    budget: int,
+    cost: EncoderCost,
+    *,
+    lookahead: bool,
+    check: bool,
+) -> _Run:
+    """A run fed by ``arrivals`` (``Arrivals``' interface) that a driver advances with ``run(until)`` (``cluster.py``)."""
+    run = _Run(iter(()), limits, manager, budget, cost, lookahead, None, check, None)
+    run.arrivals = arrivals
+    return run
 
 
 def _checked(specs: Iterator[RequestSpec], limits: SchedulerLimits) -> Iterator[RequestSpec]:

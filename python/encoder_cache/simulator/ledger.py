@@ -51,7 +51,7 @@ class Ledger:
                 c.prefix_skipped_items += 1
                 c.prefix_skipped_embeds += spec.items[i].length
                 if observer is not None:
-                    observer.served(spec.request_id, i, spec.items[i].identifier, c.steps)
+                    observer.prefix_served(spec.request_id, i, spec.items[i].identifier)
 
     def scheduled(
         self,

@@ -351,3 +351,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="model: the built-in scheduler model (fast, no vLLM needed); vllm: replay through vLLM 0.33's "
         "own scheduler on CPU (needs vLLM installed; no GPU, no weights) (default: model)",
     )
+    routing = parser.add_argument_group("routing across replicas (--replicas)")
+    routing.add_argument(
+        "--replicas",
+        type=_int,
+        metavar="N",
+        help="instead of the policy comparison, run N replicas (each its own scheduler, KV cache and encoder "
+        "cache) behind a router and compare the routing choices",
+    )
+    routing.add_argument(
+        "--routing",
+        type=_names,
+        metavar="LIST",
+        help="routing choices: round-robin, least-loaded, lru-guess (llm-d's router-side LRU of placed item "
+        "hashes), cache-aware (the replicas' exact cache events), cache-aware+placed (the events plus the "
+        "router's unfinished placements) (default: all)",
+    )
+    routing.add_argument(
+        "--overload-slack",
+        type=_int,
+        metavar="N",
+        help="the cache routers skip a replica with more than N requests above the least-loaded one (default: 8)",
+    )
+    routing.add_argument(
+        "--guess-entries",
+        type=_int,
+        metavar="N",
+        help="item hashes the LRU guess keeps per replica (default: 2048, llm-d's 4,096 MB per server at "
+        "2 MiB per entry)",
+    )
+    routing.add_argument(
+        "--no-sticky-sessions",
+        action="store_true",
+        help="route every session turn afresh (by default a session stays on the replica of its first request)",
+    )

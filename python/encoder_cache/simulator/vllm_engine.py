@@ -42,16 +42,15 @@ from time import perf_counter
 from types import SimpleNamespace
 from typing import Any
 
-
 from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.ledger import Ledger
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE
-from encoder_cache.simulator.prompts import Prompts, materialize, token_ids
+from encoder_cache.simulator.prompts import Prompts, materialize
 from encoder_cache.simulator.results import Counters, RunResult, SimulationError
-from encoder_cache.simulator.variants import Variant
 from encoder_cache.simulator.spec import RequestSpec
+from encoder_cache.simulator.variants import Variant
 
 __all__ = ["INSTALL_HINT", "EngineUnavailable", "check_variant", "require", "simulate_vllm"]
 
@@ -60,8 +59,10 @@ INSTALL_HINT = (
     "are needed; docs/vllm.md shows a separate environment)"
 )
 
-#: The fake model's vocabulary: ``prompts.materialize`` draws every token id below it.
+#: The tiny model's vocabulary: materialized token ids lie below it.
 _VOCAB = 32064
+#: The LLaVA config's image token (the scheduler never reads it).
+_IMAGE_TOKEN = 32000
 
 
 class EngineUnavailable(RuntimeError):
@@ -106,7 +107,7 @@ def _model_config(directory: Path, max_model_len: int) -> Any:
     config = {
         "architectures": ["LlavaForConditionalGeneration"],
         "model_type": "llava",
-        "image_token_index": int(token_ids(("p", "image"), -1, 1, _VOCAB)[0]),
+        "image_token_index": _IMAGE_TOKEN,
         "projector_hidden_act": "gelu",
         "vision_feature_layer": -2,
         "vision_feature_select_strategy": "default",
@@ -226,11 +227,12 @@ def _scheduler(
 class _Live:
     """A request handed to vLLM, with what the counters need."""
 
-    __slots__ = ("ends", "running", "served", "spec", "starts", "vllm")
+    __slots__ = ("answer", "ends", "running", "served", "spec", "starts", "vllm")
 
-    def __init__(self, spec: RequestSpec, request: Any) -> None:
+    def __init__(self, spec: RequestSpec, request: Any, answer: list[int]) -> None:
         self.spec = spec
         self.vllm = request
+        self.answer = answer  # the token ids it decodes, in order
         self.starts = [item.offset for item in spec.items]
         self.ends = [item.offset + item.length for item in spec.items]
         self.served = [False] * len(spec.items)
@@ -265,8 +267,6 @@ class _Replay:
         self.clock = 0
         self.live: dict[str, _Live] = {}
         self.prompts = Prompts()
-        #: Each live request's answer tokens and how many of them it has emitted.
-        self.answers: dict[str, list[int]] = {}
         self.emitted: dict[str, int] = {}
         self.ledger = Ledger(self.counters, cost)
         self.scheduler_seconds = 0.0
@@ -275,7 +275,7 @@ class _Replay:
         from vllm.multimodal.inputs import MultiModalFeatureSpec, MultiModalKwargsItem, PlaceholderRange
         from vllm.v1.request import Request
 
-        materialized = materialize(spec, self.prompts.runs(spec), _VOCAB)
+        tokens = materialize(spec, self.prompts.runs(spec), _VOCAB)
         features = [
             MultiModalFeatureSpec(
                 data=MultiModalKwargsItem.dummy(),
@@ -287,15 +287,14 @@ class _Replay:
         ]
         request = Request(
             request_id=spec.request_id,
-            prompt_token_ids=materialized.prompt_token_ids,
+            prompt_token_ids=tokens.prompt_token_ids,
             sampling_params=self._sampling_params(max_tokens=spec.output_tokens, ignore_eos=True),
             pooling_params=None,
             mm_features=features,
             block_hasher=self.block_hasher,
         )
         self.ledger.arrived(spec)
-        self.live[spec.request_id] = _Live(spec, request)
-        self.answers[spec.request_id] = materialized.output_token_ids
+        self.live[spec.request_id] = _Live(spec, request, tokens.output_token_ids)
         self.emitted[spec.request_id] = 0
         self.scheduler.add_request(request)
 
@@ -313,7 +312,7 @@ class _Replay:
                 continue
             n = self.emitted[req_id]
             self.emitted[req_id] = n + 1
-            sampled.append([self.answers[req_id][n]])
+            sampled.append([self.live[req_id].answer[n]])
         return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
@@ -350,7 +349,6 @@ class _Replay:
                     continue
                 live = self.live.pop(o.request_id)
                 self.emitted.pop(o.request_id)
-                self.answers.pop(o.request_id)
                 self.counters.requests += 1
                 self.arrivals.finished(live.spec, self.clock)
 
