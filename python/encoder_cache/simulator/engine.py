@@ -34,8 +34,8 @@ from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE, BlockHasher, BlockPool
 from encoder_cache.simulator.prompts import Prompts, Run
 from encoder_cache.simulator.results import Counters, RunResult, SimulationError
-from encoder_cache.simulator.variants import Variant
 from encoder_cache.simulator.spec import Answer, RequestSpec
+from encoder_cache.simulator.variants import Variant
 
 __all__ = ["simulate"]
 
