@@ -22,12 +22,12 @@ import heapq
 from collections import OrderedDict
 
 __all__ = [
+    "FREQUENCY_MEMORY",
     "GDSF_COST_SCALE",
     "POLICIES",
     "RECOMMENDED",
     "S3FIFO_MAX_CREDIT",
     "EvictionPolicy",
-    "FREQUENCY_MEMORY",
     "GdsfPolicy",
     "GhostLfuPolicy",
     "S3FifoPolicy",
