@@ -71,6 +71,16 @@ def _range(text: str) -> tuple[int, int]:
     return values[0], values[1]
 
 
+def _gib_list(text: str) -> list[float]:
+    try:
+        values = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected GiB sizes > 0, such as 4,16,64, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
 def _weights(text: str) -> tuple[float, float, float]:
     try:
         values = tuple(_float(p) for p in text.split(":"))
@@ -277,6 +287,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="instead of policies, compare release behaviours of the vllm policy (python): fixed (vLLM 0.33), "
         "prefix (before vLLM PR #54284's fix), scan (the fix as first written); e.g. fixed,prefix",
+    )
+    host = parser.add_argument_group("host-memory tier (vLLM's ECCPUConnector, as encoder_cache's HostTierConnector)")
+    host.add_argument(
+        "--host-cache-gib",
+        type=_gib_list,
+        metavar="LIST",
+        help="also run vLLM's default GPU encoder cache with a host tier of each of these sizes, in GiB "
+        "(e.g. 4,16,64), and let the recommendation search host tiers too (default: no host tier)",
+    )
+    host.add_argument(
+        "--host-policy",
+        type=_names,
+        metavar="LIST",
+        help="the host tier's eviction policies to show, from encoder_cache.HOST_POLICIES "
+        "(default: all; the recommendation tries all)",
     )
     source = parser.add_argument_group("traffic")
     source.add_argument("--trace", metavar="FILE.jsonl", help="replay this trace instead of a built-in workload")
