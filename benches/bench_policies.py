@@ -46,7 +46,7 @@ CASES = [f"{impl}-{policy}" for impl in IMPLEMENTATIONS for policy in POLICIES]
 
 
 def _manager(case: str):
-    impl, policy = case.split("-")
+    impl, policy = case.split("-", 1)
     return IMPLEMENTATIONS[impl](4 * ITEMS * SIZE, policy=policy)
 
 

@@ -10,7 +10,7 @@ compiled on the fly), so setup is never counted. The count per call (per item
 for the request cases, per step for the step cases) is the dump's total over N,
 less the same loop doing nothing. The cases and stand-ins are the benches' own
 (bench_calls, bench_lifecycle, bench_step); the step-level cases have no floor
-or reads stand-ins. ``gdsf`` and ``s3fifo`` are the Rust manager under those
+or reads stand-ins. ``gdsf``, ``s3fifo`` and ``lfu-ghost`` are the Rust manager under those
 policies.
 """
 
@@ -52,7 +52,7 @@ REQUEST_CASES = {
 #: One step-level call for a request whose items are all cached and held, per step.
 STEP_CASES = {"step: schedule 1 cached item": 1, "step: schedule 16 cached items": 16}
 CALL_REPEATS = 5_000
-POLICIES = {name: partial(encoder_cache.EncoderCacheManager, policy=name) for name in ("gdsf", "s3fifo")}
+POLICIES = {name: partial(encoder_cache.EncoderCacheManager, policy=name) for name in ("gdsf", "s3fifo", "lfu-ghost")}
 ALL_MANAGERS = {**MANAGERS, **POLICIES}
 IMPLEMENTATIONS = ["vllm", "rust", *FLOORS, *POLICIES]
 MARKS_C = """
@@ -151,8 +151,12 @@ def main(cases: list[str]) -> None:
         source.write_text(MARKS_C)
         subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(marks), str(source)], check=True)
         per_impl = {impl: counts(impl, cases, str(marks), out_dir) for impl in IMPLEMENTATIONS}
-    print("| case | vLLM | Rust | vLLM / Rust | floor | Rust / floor | reads | gdsf / Rust | s3fifo / Rust |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| case | vLLM | Rust | vLLM / Rust | floor | Rust / floor | reads | "
+        + " | ".join(f"{p} / Rust" for p in POLICIES)
+        + " |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in POLICIES) + " |")
     for case in cases:
         per_unit = {}
         for impl, found in per_impl.items():

@@ -54,7 +54,9 @@ proptest! {
         run(&mut EncoderCache::with_policy(cache_size, policy), &ops)?;
     }
 
-    /// A restored cache behaves exactly like the original from then on.
+    /// A restored cache behaves exactly like the original from then on
+    /// (under the policies whose whole state a snapshot holds: lfu-ghost's
+    /// memory of evicted counts is not in it).
     #[test]
     fn restored_cache_behaves_like_the_original(
         cache_size in 0u64..48,
@@ -62,6 +64,7 @@ proptest! {
         prefix in prop::collection::vec(op(), 0..100),
         suffix in prop::collection::vec(op(), 1..100),
     ) {
+        prop_assume!(policy != Policy::GhostLfu);
         let mut cache = EncoderCache::with_policy(cache_size, policy);
         run(&mut cache, &prefix)?;
         let mut restored = EncoderCache::restore_with(&cache.snapshot(), &cache.policy_snapshot())

@@ -212,7 +212,7 @@ def test_hook_without_a_config_builds_the_plain_manager(monkeypatch):
         ({"cache_gib": -1}, "cache_gib must be a positive number"),
         ({"cache_gib": float("nan")}, "cache_gib must be a positive number"),
         ({"cache_gib": "1"}, "cache_gib must be a positive number"),
-        ({"policy": "lru"}, "policy must be one of vllm, gdsf, s3fifo, got 'lru'"),
+        ({"policy": "lru"}, "policy must be one of vllm, gdsf, s3fifo, lfu-ghost or auto, got 'lru'"),
         ({"lookahead": "yes"}, "lookahead must be true or false"),
         ({"log_stats_interval": -1}, "log_stats_interval must be a number of seconds >= 0"),
         ({"log_stats_interval": float("inf")}, "log_stats_interval must be a number of seconds >= 0"),
@@ -222,6 +222,12 @@ def test_hook_refuses_bad_manager_config_naming_the_key(monkeypatch, options, me
     hook = _install_vllm(monkeypatch)
     with pytest.raises(ValueError, match=re.escape(message)):
         hook.EncoderCacheManager.create_manager(cache_size=4, vllm_config=_config(options=options))
+
+
+def test_hook_takes_auto_as_the_recommended_policy(monkeypatch):
+    hook = _install_vllm(monkeypatch)
+    manager = hook.EncoderCacheManager.create_manager(cache_size=64, vllm_config=_config(options={"policy": "auto"}))
+    assert manager.policy == encoder_cache.reference.RECOMMENDED
 
 
 def test_hook_takes_every_option(monkeypatch, caplog):

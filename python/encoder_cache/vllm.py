@@ -94,7 +94,8 @@ class ManagerOptions:
     - ``cache_size``: capacity in encoder embeddings, or ``cache_gib``: in GiB
       of encoder outputs (converted with the model's embedding size and dtype);
       at most one of them; neither keeps vLLM's size.
-    - ``policy``: a name from ``encoder_cache.POLICIES`` (default ``"vllm"``).
+    - ``policy``: a name from ``encoder_cache.POLICIES``, or ``"auto"`` for the
+      recommended one (default ``"vllm"``).
     - ``lookahead``: the scheduler subclasses mark the items of waiting
       requests, which are then evicted last (default False). Only they do,
       so the manager refuses it under any other scheduler.
@@ -128,8 +129,10 @@ class ManagerOptions:
         if gib is not None and (isinstance(gib, bool) or not isinstance(gib, (int, float)) or not 0 < gib < math.inf):
             raise ValueError(f"manager_config cache_gib must be a positive number (GiB), got {gib!r}")
         policy = options.get("policy", "vllm")
-        if policy not in _core.POLICIES:
-            raise ValueError(f"manager_config policy must be one of {', '.join(_core.POLICIES)}, got {policy!r}")
+        if policy not in (*_core.POLICIES, "auto"):
+            raise ValueError(
+                f"manager_config policy must be one of {', '.join(_core.POLICIES)} or auto, got {policy!r}"
+            )
         lookahead = options.get("lookahead", False)
         if not isinstance(lookahead, bool):
             raise ValueError(f"manager_config lookahead must be true or false, got {lookahead!r}")

@@ -41,7 +41,7 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
     fn new(cache_size: &Bound<'_, PyAny>, policy: &str) -> PyResult<Self> {
         let cache_size = count(cache_size, "cache_size")?;
         let policy = Policy::from_name(policy).ok_or_else(|| {
-            PyValueError::new_err(format!("policy must be one of {}, got {policy:?}", Policy::NAMES.join(", ")))
+            PyValueError::new_err(format!("policy must be one of {} or {}, got {policy:?}", Policy::NAMES.join(", "), Policy::AUTO))
         })?;
         Ok(Self { state: ManagerState::new(EncoderCache::with_policy(cache_size, policy)) })
     }

@@ -279,6 +279,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         self.num_free_slots += entry.num_embeds;
         self.tally.eviction(entry.modality, entry.num_embeds);
         self.ghosts.insert(entry.hash);
+        self.policy.evicted(entry.hash, &entry.meta);
         self.freed.push((entry.key, entry.hash));
         true
     }
@@ -430,7 +431,9 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         self.holds(request, request_id, input_id, identifier)?;
         let r = request.unwrap_or_else(|| self.requests.insert(RequestRefs::new(request_id.to_key(), request_id.hash())));
         let reencode = self.ghosts.remove(hash);
-        let e = self.entries.insert(Entry::new(identifier.to_key(), hash, num_embeds, Referrers::One(r), modality));
+        let mut entry = Entry::new(identifier.to_key(), hash, num_embeds, Referrers::One(r), modality);
+        entry.meta = self.policy.admit(hash);
+        let e = self.entries.insert(entry);
         Self::add_occurrence(self.requests.get_mut(r), input_id, e, true);
         self.num_free_slots -= num_embeds;
         self.num_freeable_slots -= num_embeds;

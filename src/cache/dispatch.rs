@@ -11,7 +11,7 @@ use super::core::PolicyCache;
 use super::errors::CacheError;
 use super::events::StepEvents;
 use super::keys::{Handle, Key, KeyArg};
-use super::policies::{Gdsf, Policy, S3Fifo, Vllm};
+use super::policies::{Gdsf, GhostLfu, Policy, S3Fifo, Vllm};
 use super::requests::HeldInputs;
 use super::state::{CacheState, InvariantViolation, PolicyState};
 use super::stats::CacheStats;
@@ -22,6 +22,7 @@ pub enum EncoderCache {
     Vllm(PolicyCache<Vllm>),
     Gdsf(PolicyCache<Gdsf>),
     S3Fifo(PolicyCache<S3Fifo>),
+    GhostLfu(PolicyCache<GhostLfu>),
 }
 
 /// `$body` with `$c` bound to the typed [`PolicyCache`] inside an
@@ -34,6 +35,7 @@ macro_rules! with_policy_cache {
             $crate::cache::EncoderCache::Vllm($c) => $body,
             $crate::cache::EncoderCache::Gdsf($c) => $body,
             $crate::cache::EncoderCache::S3Fifo($c) => $body,
+            $crate::cache::EncoderCache::GhostLfu($c) => $body,
         }
     };
 }
@@ -57,6 +59,7 @@ impl EncoderCache {
             Policy::Vllm => Self::Vllm(PolicyCache::new(cache_size)),
             Policy::Gdsf => Self::Gdsf(PolicyCache::new(cache_size)),
             Policy::S3Fifo => Self::S3Fifo(PolicyCache::new(cache_size)),
+            Policy::GhostLfu => Self::GhostLfu(PolicyCache::new(cache_size)),
         }
     }
 
@@ -72,6 +75,7 @@ impl EncoderCache {
             Policy::Vllm => Self::Vllm(PolicyCache::restore_with(state, policy)?),
             Policy::Gdsf => Self::Gdsf(PolicyCache::restore_with(state, policy)?),
             Policy::S3Fifo => Self::S3Fifo(PolicyCache::restore_with(state, policy)?),
+            Policy::GhostLfu => Self::GhostLfu(PolicyCache::restore_with(state, policy)?),
         })
     }
 

@@ -12,6 +12,10 @@
 //! - [`Gdsf`]: one min-heap lane per tier on (priority, release order).
 //! - [`S3Fifo`]: two FIFO lanes per tier, *small* (entries acquired once)
 //!   evicted before *main* (entries hit since allocation), main a CLOCK.
+//! - [`GhostLfu`]: [`Gdsf`]'s heap without the aging clock (least
+//!   frequently used, weighted by cost per size), whose frequency survives
+//!   eviction: an item allocated again starts from the count it had when
+//!   evicted ([`FrequencyMemory`]).
 //!
 //! `encoder_cache.policies` in the Python twin makes the same decisions with
 //! the same arithmetic; docs/policies.md describes each policy.
@@ -19,6 +23,7 @@
 use std::fmt::Debug;
 
 use super::entries::Entry;
+use super::frequency_memory::FrequencyMemory;
 use super::lanes::{HeapKey, HeapLanes, ListLanes};
 use super::table::Table;
 
@@ -36,6 +41,12 @@ pub enum Policy {
     /// Scan-resistant, after S3-FIFO: entries acquired once are evicted before
     /// entries hit since their allocation, which age out CLOCK-style. O(1) amortised.
     S3Fifo,
+    /// Least frequently used, weighted by cost per size (`frequency * cost /
+    /// size`, no aging), whose frequency survives eviction: an item allocated
+    /// again resumes the count it had when it was evicted (a bounded memory of
+    /// evicted items), so a popular item evicted in a burst comes back ranked
+    /// above one-off items. O(log n).
+    GhostLfu,
 }
 
 /// GDSF's encoder-cost model: encoding `n` embeddings costs `n + n² / C`
@@ -49,10 +60,18 @@ pub const S3FIFO_MAX_CREDIT: u32 = 3;
 
 impl Policy {
     /// Every policy's name, the default first.
-    pub const NAMES: &'static [&'static str] = &["vllm", "gdsf", "s3fifo"];
-    pub const ALL: [Policy; 3] = [Policy::Vllm, Policy::Gdsf, Policy::S3Fifo];
+    pub const NAMES: &'static [&'static str] = &["vllm", "gdsf", "s3fifo", "lfu-ghost"];
+    pub const ALL: [Policy; 4] = [Policy::Vllm, Policy::Gdsf, Policy::S3Fifo, Policy::GhostLfu];
+    /// What the name [`AUTO`](Self::AUTO) selects: the recommended policy.
+    pub const RECOMMENDED: Policy = Policy::GhostLfu;
+    /// The name of the recommended policy, whichever it is.
+    pub const AUTO: &'static str = "auto";
 
+    /// The policy named `name`; `"auto"` is [`Self::RECOMMENDED`].
     pub fn from_name(name: &str) -> Option<Policy> {
+        if name == Self::AUTO {
+            return Some(Self::RECOMMENDED);
+        }
         Self::ALL.into_iter().find(|p| p.name() == name)
     }
 
@@ -61,6 +80,7 @@ impl Policy {
             Self::Vllm => "vllm",
             Self::Gdsf => "gdsf",
             Self::S3Fifo => "s3fifo",
+            Self::GhostLfu => "lfu-ghost",
         }
     }
 
@@ -137,6 +157,19 @@ pub trait EvictionPolicy: Debug + Clone + Default + Send + Sync + 'static {
 
     /// Per-entry data for an entry acquired `frequency` times.
     fn meta_with(frequency: u32) -> Self::Meta;
+
+    /// Per-entry data for the item `hash`, just allocated (a miss).
+    #[inline]
+    fn admit(&mut self, hash: u64) -> Self::Meta {
+        let _ = hash;
+        Self::Meta::default()
+    }
+
+    /// The item `hash` was evicted with `meta`.
+    #[inline]
+    fn evicted(&mut self, hash: u64, meta: &Self::Meta) {
+        let _ = (hash, meta);
+    }
 }
 
 /// vLLM 0.33's order: a FIFO lane per tier.
@@ -194,6 +227,12 @@ pub struct GdsfMeta {
 impl Default for GdsfMeta {
     fn default() -> Self {
         Self { frequency: 1, priority: 0.0, released: 0 }
+    }
+}
+
+impl GdsfMeta {
+    fn with_frequency(frequency: u32) -> Self {
+        Self { frequency, ..Self::default() }
     }
 }
 
@@ -357,5 +396,70 @@ impl EvictionPolicy for S3Fifo {
 
     fn meta_with(frequency: u32) -> S3FifoMeta {
         S3FifoMeta { frequency, credit: 0 }
+    }
+}
+
+/// LFU whose frequency survives eviction: [`Gdsf`]'s heap and tie-breaks
+/// with priority `frequency * cost / size` and no clock, and a memory of
+/// evicted items' counts that an item allocated again resumes.
+#[derive(Debug, Clone, Default)]
+pub struct GhostLfu {
+    /// Its clock is never read: every release passes its priority.
+    gdsf: Gdsf,
+    memory: FrequencyMemory,
+}
+
+impl EvictionPolicy for GhostLfu {
+    const POLICY: Policy = Policy::GhostLfu;
+    type Meta = GdsfMeta;
+
+    fn on_hit(meta: &mut GdsfMeta) {
+        Gdsf::on_hit(meta);
+    }
+
+    #[allow(private_interfaces)]
+    fn release(&mut self, entries: &mut Entries<Self>, index: u32, tier: usize, restored: Option<f64>) {
+        let entry = entries.get(index);
+        let priority = restored.unwrap_or_else(|| f64::from(entry.meta.frequency) * Policy::gdsf_value(entry.num_embeds));
+        self.gdsf.release(entries, index, tier, Some(priority));
+    }
+
+    #[allow(private_interfaces)]
+    fn take_back(&mut self, entries: &mut Entries<Self>, index: u32) {
+        self.gdsf.take_back(entries, index);
+    }
+
+    #[allow(private_interfaces)]
+    fn evict(&mut self, entries: &mut Entries<Self>) -> Option<u32> {
+        self.gdsf.evict(entries)
+    }
+
+    #[allow(private_interfaces)]
+    fn order(&self, entries: &Entries<Self>) -> Vec<u32> {
+        self.gdsf.order(entries)
+    }
+
+    fn tier_of_lane(lane: u8) -> usize {
+        Gdsf::tier_of_lane(lane)
+    }
+
+    fn frequency(meta: &GdsfMeta) -> u32 {
+        meta.frequency
+    }
+
+    fn rank(meta: &GdsfMeta) -> f64 {
+        meta.priority
+    }
+
+    fn meta_with(frequency: u32) -> GdsfMeta {
+        Gdsf::meta_with(frequency)
+    }
+
+    fn admit(&mut self, hash: u64) -> GdsfMeta {
+        GdsfMeta::with_frequency(self.memory.take(hash).saturating_add(1))
+    }
+
+    fn evicted(&mut self, hash: u64, meta: &GdsfMeta) {
+        self.memory.insert(hash, meta.frequency);
     }
 }

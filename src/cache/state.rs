@@ -235,7 +235,7 @@ impl CacheState {
                     return broken(POLICY_ORDERED, format!("item '{item}' has rank {rank:?} under vllm"));
                 }
                 Policy::Vllm => {}
-                Policy::Gdsf => {
+                Policy::Gdsf | Policy::GhostLfu => {
                     if tier == 0 && (rank < policy.clock || rank.is_nan()) {
                         return broken(
                             POLICY_ORDERED,

@@ -22,18 +22,27 @@ import heapq
 from collections import OrderedDict
 
 __all__ = [
+    "FREQUENCY_MEMORY",
     "GDSF_COST_SCALE",
     "POLICIES",
+    "RECOMMENDED",
     "S3FIFO_MAX_CREDIT",
     "EvictionPolicy",
     "GdsfPolicy",
+    "GhostLfuPolicy",
     "S3FifoPolicy",
     "VllmPolicy",
     "make_policy",
 ]
 
 #: The built-in policies, by name; "vllm" is the default.
-POLICIES = ("vllm", "gdsf", "s3fifo")
+POLICIES = ("vllm", "gdsf", "s3fifo", "lfu-ghost")
+
+#: The policy the name "auto" selects: the recommended one.
+RECOMMENDED = "lfu-ghost"
+
+#: How many evicted items ``lfu-ghost`` remembers the counts of.
+FREQUENCY_MEMORY = 8192
 
 #: GDSF's encoder-cost model: encoding ``n`` embeddings costs ``n + n**2 / C``
 #: (a linear term for the MLP and projection, a quadratic one for the vision
@@ -290,7 +299,51 @@ class S3FifoPolicy(EvictionPolicy):
             self.credit[identifier] = int(rank)
 
 
-_BUILT_IN: dict[str, type[EvictionPolicy]] = {"vllm": VllmPolicy, "gdsf": GdsfPolicy, "s3fifo": S3FifoPolicy}
+class GhostLfuPolicy(GdsfPolicy):
+    """Least frequently used, weighted by cost per size, whose frequency
+    survives eviction.
+
+    :class:`GdsfPolicy`'s heap and tie-breaks with priority ``frequency * cost
+    / size`` and no aging (the clock stays 0), and a memory of the counts of
+    the last :data:`FREQUENCY_MEMORY` items evicted: an item allocated again
+    resumes the count it had when evicted (plus this allocation), so a popular
+    item pushed out by a burst of one-off items comes back ranked above them.
+    O(log n) per call, as GDSF; the memory adds O(1).
+    """
+
+    name = "lfu-ghost"
+
+    def __init__(self, cost_scale: float = GDSF_COST_SCALE) -> None:
+        super().__init__(cost_scale)
+        #: identifier -> count at eviction, oldest eviction first.
+        self.memory: dict[str, int] = {}
+
+    def reset(self) -> None:
+        super().reset()
+        self.memory.clear()
+
+    def admitted(self, identifier: str, num_embeds: int) -> None:
+        super().admitted(identifier, num_embeds)
+        self.frequency[identifier] = self.memory.pop(identifier, 0) + 1
+
+    def released(self, identifier: str, tier: int) -> None:
+        self.release_at(identifier, tier, self.frequency[identifier] * self.value(identifier))
+
+    def evicted(self, identifier: str) -> None:
+        count = self.frequency[identifier]
+        super().evicted(identifier)
+        self.clock = 0.0
+        self.memory[identifier] = count
+        if len(self.memory) > FREQUENCY_MEMORY:
+            del self.memory[next(iter(self.memory))]
+
+
+_BUILT_IN: dict[str, type[EvictionPolicy]] = {
+    "vllm": VllmPolicy,
+    "gdsf": GdsfPolicy,
+    "s3fifo": S3FifoPolicy,
+    "lfu-ghost": GhostLfuPolicy,
+}
 
 
 def make_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
@@ -300,6 +353,6 @@ def make_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
     if not isinstance(policy, str):
         raise TypeError(f"policy must be a name or an EvictionPolicy, not {type(policy).__name__}")
     try:
-        return _BUILT_IN[policy]()
+        return _BUILT_IN[RECOMMENDED if policy == "auto" else policy]()
     except KeyError:
-        raise ValueError(f'policy must be one of {", ".join(POLICIES)}, got "{policy}"') from None
+        raise ValueError(f'policy must be one of {", ".join(POLICIES)} or auto, got "{policy}"') from None

@@ -126,7 +126,7 @@ def _check_policy_order(state: dict[str, Any], tiers: list[int]) -> None:
         rank, frequency = entry["rank"], entry["frequency"]
         if policy == "vllm" and rank != 0.0:
             _broken(POLICY_ORDERED, f"item '{item}' has rank {rank} under vllm")
-        if policy == "gdsf":
+        if policy in ("gdsf", "lfu-ghost"):
             if tier == 0 and not rank >= clock:
                 _broken(POLICY_ORDERED, f"item '{item}' has priority {rank} below the clock {clock} in tier 0")
             if previous is not None and previous[0] == tier and rank < previous[1]:
