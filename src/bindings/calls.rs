@@ -22,7 +22,7 @@ use pyo3::PyClass;
 
 use super::manager::PyEncoderCacheManager;
 use super::records::RequestRecord;
-use super::request::{feature, identifier_of, modality_of, num_embeds, request_id};
+use super::request::{feature, identifier_of, modality_of, num_embeds, num_embeds_of, request_id};
 use super::shared::{write, ManagerState};
 use crate::cache::{hash_key, EncoderCache, Key, KeyArg};
 
@@ -154,7 +154,7 @@ impl<'py> CallReads<'py> {
             IdRead::Always => Some(request_id(request)?),
         };
         if needs.num_embeds {
-            reads.num_embeds = Some(num_embeds(request, input_id)?);
+            reads.num_embeds = Some(num_embeds_of(request, input_id, feature)?);
         }
         if needs.modality {
             reads.modality = Some(modality_of(feature)?);

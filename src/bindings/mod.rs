@@ -4,6 +4,7 @@
 //! Modules, each using only those listed before it:
 //! - `errors`: core errors as Python exceptions;
 //! - `modality`: modality names as the core's tags;
+//! - `known_types`: vLLM's and our request and placeholder classes, recognised;
 //! - `request`: reading vLLM-shaped requests (and `is_embed` masks), with clear errors;
 //! - `state`: state dumps as plain Python data and back;
 //! - `records`: what a manager has read of each request object, with the core's handles;
@@ -21,6 +22,7 @@ mod errors;
 #[cfg(feature = "test-hooks")]
 mod hooks;
 mod host_tier;
+mod known_types;
 mod manager;
 mod methods;
 mod modality;
