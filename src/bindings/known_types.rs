@@ -1,10 +1,12 @@
-//! The request and placeholder classes whose behaviour the bindings know:
-//! vLLM's `Request` and `PlaceholderRange` and ours (`encoder_cache.Request`,
-//! `encoder_cache.PlaceholderRange`). For an object of exactly one of these
-//! classes (not a subclass, which may override a method),
-//! `request.get_num_encoder_embeds(i)` is `mm_features[i].mm_position.get_num_embeds()`,
-//! which is the placeholder's `length` when it has no `is_embed` mask, so the
-//! bindings can read the length instead of calling two Python methods.
+//! The request, item and placeholder classes whose behaviour the bindings
+//! know: vLLM's `Request`, `MultiModalFeatureSpec` and `PlaceholderRange`, and
+//! ours (`encoder_cache.Request`, `MultiModalFeature`, `PlaceholderRange`).
+//! For objects of exactly these classes (not subclasses, which may override a
+//! method), `request.get_num_encoder_embeds(i)` is
+//! `mm_features[i].mm_position.get_num_embeds()`, which is the placeholder's
+//! `length` when it has no `is_embed` mask, so the bindings read the length
+//! instead of calling two Python methods; and an item's attributes are plain
+//! fields whose reads run no Python code, so all of them are read at once.
 //!
 //! A class is judged once by its `__module__` and `__qualname__`; the verdict
 //! is kept with the class object (held, so its address is not reused).
@@ -15,10 +17,12 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 
 /// `(module, qualified name)` of each known class.
-const KNOWN: [(&str, &str); 4] = [
+const KNOWN: [(&str, &str); 6] = [
     ("encoder_cache.request", "Request"),
+    ("encoder_cache.request", "MultiModalFeature"),
     ("encoder_cache.request", "PlaceholderRange"),
     ("vllm.v1.request", "Request"),
+    ("vllm.multimodal.inputs", "MultiModalFeatureSpec"),
     ("vllm.multimodal.inputs", "PlaceholderRange"),
 ];
 

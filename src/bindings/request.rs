@@ -120,10 +120,16 @@ pub(crate) fn num_embeds_of(request: &Bound<'_, PyAny>, input_id: usize, feature
 /// The length of `feature.mm_position` when the answer of
 /// `get_num_encoder_embeds` is known to be it; None to ask the request.
 fn unmasked_length(request: &Bound<'_, PyAny>, feature: &Bound<'_, PyAny>) -> Option<u64> {
-    let py = request.py();
     if !super::known_types::is_known(request) {
         return None;
     }
+    known_unmasked_length(feature)
+}
+
+/// The length of `feature.mm_position` when it is a known placeholder class
+/// without a mask, for a request of a known class (see `known_types`).
+pub(crate) fn known_unmasked_length(feature: &Bound<'_, PyAny>) -> Option<u64> {
+    let py = feature.py();
     let position = feature.getattr(intern!(py, "mm_position")).ok()?;
     if !super::known_types::is_known(&position) || !position.getattr(intern!(py, "is_embed")).ok()?.is_none() {
         return None;
