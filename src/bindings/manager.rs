@@ -179,11 +179,11 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
             let Some(held) = state.cache.cached_input_ids(record.id()) else {
                 return PySet::empty(py);
             };
-            let answered = match &record.held_ids {
+            let answered = match record.held_ids.as_deref() {
                 Some((ids, set)) if ids == held => set.bind(py).clone(),
                 _ => {
                     let set = PySet::new(py, held.positions())?;
-                    record.held_ids = Some((held.clone(), set.clone().unbind()));
+                    record.held_ids = Some(Box::new((held.clone(), set.clone().unbind())));
                     set
                 }
             };

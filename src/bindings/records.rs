@@ -76,7 +76,7 @@ pub(crate) struct RequestRecord {
     aged: bool,
     /// What the request held at the last `get_cached_input_ids` answer, with that
     /// set (never handed out: callers get copies).
-    pub(crate) held_ids: Option<(HeldInputs, Py<PySet>)>,
+    pub(crate) held_ids: Option<Box<(HeldInputs, Py<PySet>)>>,
 }
 
 impl RequestRecord {
@@ -231,7 +231,7 @@ impl Records {
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         for record in self.by_request.values() {
             visit.call(&record.request)?;
-            if let Some((_, set)) = &record.held_ids {
+            if let Some((_, set)) = record.held_ids.as_deref() {
                 visit.call(set)?;
             }
             for input in &record.inputs {
