@@ -46,8 +46,8 @@ def test_second_turn_encodes_nothing_while_its_prefix_is_cached():
 
 
 def test_second_turn_encodes_again_once_the_prefix_is_evicted():
-    # 64 blocks: the filler needs all of them, so turn 0's freed blocks are reused and lose their keys.
-    c = simulate(CHAT, replace(LIMITS, kv_capacity=64 * BLOCK_SIZE), check=True).counters
+    # 64 usable blocks (65 less the null block): the filler needs all of them, so turn 0's freed blocks are reused and lose their keys.
+    c = simulate(CHAT, replace(LIMITS, kv_capacity=65 * BLOCK_SIZE), check=True).counters
     assert c.prefix_hit_tokens == 0
     assert c.encoded_embeds == 500 + 1000 + 500, "A is in neither cache any more: encoded again"
     assert c.recomputed_embeds == 500
@@ -74,7 +74,7 @@ def test_prefix_results_hold_under_every_policy(lookahead):
 
 
 def test_freed_blocks_are_reused_least_recently_freed_first_tail_first():
-    pool = BlockPool(6, caching=True)
+    pool = BlockPool(7, caching=True)
     first = pool.allocate(3)
     second = pool.allocate(3)
     for block, h in zip(first + second, range(100, 106)):
@@ -88,14 +88,54 @@ def test_freed_blocks_are_reused_least_recently_freed_first_tail_first():
     assert pool.longest_prefix([100, 101, 102]) == first[:2], "the reused block lost its key"
 
 
+def test_blocks_without_a_hash_are_reused_before_cached_ones():
+    pool = BlockPool(7, caching=True)
+    first = pool.allocate(3)
+    second = pool.allocate(3)
+    for block, h in zip(second, range(200, 203)):
+        pool.cache(block, h)
+    pool.cache(first[0], 100)
+    pool.cache(first[1], 101)  # first[2] is a partial last block: no hash
+    pool.release(second)
+    pool.release(first)
+    assert list(pool.free) == [first[2], second[2], second[1], second[0], first[1], first[0]], (
+        "the unhashed block goes to the front; cached ones queue behind the older cached blocks"
+    )
+    without = BlockPool(4, caching=False)
+    blocks = without.allocate(3)
+    without.release(blocks)
+    assert list(without.free) == [blocks[2], blocks[1], blocks[0]], "no caching: every block is reused first"
+
+
+def test_the_null_block_is_never_handed_out():
+    pool = BlockPool(3, caching=True)
+    assert pool.num_usable == pool.num_free == 2
+    blocks = pool.allocate(2)
+    assert 0 not in blocks and pool.num_free == 0
+    pool.release(blocks)
+    assert 0 not in pool.free
+
+
+def test_two_blocks_may_carry_one_hash_and_the_first_keyed_is_found():
+    pool = BlockPool(4, caching=True)
+    a, b = pool.allocate(2)
+    pool.cache(a, 7)
+    pool.cache(b, 7)  # another request computed the same block before a was found
+    assert pool.longest_prefix([7]) == [a]
+    pool.release([a])
+    pool.release([b])
+    pool.allocate(2)  # the free block, then a: a forgets its hash
+    assert pool.longest_prefix([7]) == [b]
+
+
 def test_touching_a_cached_free_block_takes_it_off_the_free_list():
-    pool = BlockPool(2, caching=True)
+    pool = BlockPool(3, caching=True)
     (block,) = pool.allocate(1)
     pool.cache(block, 7)
     pool.release([block])
     assert pool.num_free == 2
     hit = pool.longest_prefix([7])
-    assert pool.num_reclaimed_by(hit) == 1
+    assert pool.num_evictable(hit) == 1
     pool.touch(hit)
     assert pool.num_free == 1 and pool.refs[block] == 1
     pool.touch(hit)  # a second request shares it
@@ -104,7 +144,7 @@ def test_touching_a_cached_free_block_takes_it_off_the_free_list():
 
 
 def test_without_caching_nothing_is_found():
-    pool = BlockPool(2, caching=False)
+    pool = BlockPool(3, caching=False)
     (block,) = pool.allocate(1)
     pool.cache(block, 7)
     assert pool.longest_prefix([7]) == []

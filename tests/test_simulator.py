@@ -240,7 +240,7 @@ def test_prefix_behaviour_recomputes_items_still_in_use():
 def test_kv_pressure_preempts_and_recomputes():
     workload = generate(replace(SMALL["chat"], arrival_rate=2.0))
     largest = max(s.total_tokens for s in workload.requests())
-    result = simulate(workload, SchedulerLimits(kv_capacity=largest + 16), check=True)
+    result = simulate(workload, SchedulerLimits(kv_capacity=largest + 2 * 16), check=True)
     assert result.counters.preemptions > 0
     assert result.counters.requests == workload.num_requests
 

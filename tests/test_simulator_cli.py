@@ -155,7 +155,7 @@ def test_plot_without_an_extension_gets_png_and_says_so(capsys, tmp_path):
         (["--zipf", "nan"], "argument --zipf: expected a finite number, got 'nan'"),
         (["--workload", "popular", "--zipf", "inf"], "argument --zipf: expected a finite number"),
         (["--arrival-rate=-inf"], "argument --arrival-rate: expected a finite number"),
-        (["--kv-capacity", "500"], "more than --kv-capacity 500"),
+        (["--kv-capacity", "500"], "--kv-capacity 500 holds"),
         (["--max-num-seqs", "-1"], "--max-num-seqs must be > 0"),
         (["--cache-sizes", "8:2"], "expected MIN:MAX[:FACTOR]"),
         (["--cache-sizes", "0,5"], "expected sizes > 0"),

@@ -40,7 +40,7 @@ def cache(manager: Any, step: int, pool: BlockPool, active: set[str], held: Iter
     holders = {r for e in entries.values() for r in e["referrers"]}
     if not holders <= active:
         raise SimulationError(f"step {step}: finished requests {sorted(holders - active)} still hold entries")
-    if pool.num_free + len({b for blocks in held for b in blocks}) != pool.num_blocks:
+    if pool.num_free + len({b for blocks in held for b in blocks}) != pool.num_usable:
         raise SimulationError(f"step {step}: KV blocks held and free do not add up")
 
 
@@ -49,5 +49,5 @@ def released(manager: Any, pool: BlockPool) -> None:
     snapshot = manager.snapshot()
     if any(e["referrers"] for e in snapshot["entries"].values()) or manager.num_freeable_slots != manager.cache_size:
         raise SimulationError("references are left after every request finished")
-    if pool.num_free != pool.num_blocks:
+    if pool.num_free != pool.num_usable:
         raise SimulationError("KV blocks are left after every request finished")

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from encoder_cache.simulator import oracle
 from encoder_cache.simulator.cost import DEFAULT_PER_EMBED_SQ_US, DEFAULT_PER_EMBED_US, EncoderCost
+from encoder_cache.simulator.engine import simulate
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.options import (
     DEFAULT_SIZES,
@@ -33,7 +34,7 @@ from encoder_cache.simulator.plot import plot
 from encoder_cache.simulator.progress import Progress
 from encoder_cache.simulator.report import Report
 from encoder_cache.simulator.results import SimulationError
-from encoder_cache.simulator.sweep import Runner, fill, planned_runs
+from encoder_cache.simulator.sweep import Engine, Runner, fill, planned_runs
 from encoder_cache.simulator.trace import TraceError, TraceWorkload, write_trace
 from encoder_cache.simulator.variants import (
     BEHAVIOURS,
@@ -100,6 +101,8 @@ def _variants(args: argparse.Namespace) -> list[Variant]:
             raise UsageError(f"--behaviour {unknown[0]}: unknown; choose from {', '.join(BEHAVIOURS)}")
         if args.policy is not None or args.lookahead or args.impl not in (None, ["python"]):
             raise UsageError("--behaviour compares the vllm policy in python: drop --policy, --lookahead and --impl")
+        if args.engine == "vllm":
+            raise UsageError("--behaviour runs the python twin, in the built-in model only (drop --engine vllm)")
         return [Variant("vllm", False, "python", b, label=b) for b in args.behaviour]
     implementations = args.impl or []
     unknown = [i for i in implementations if i not in IMPLEMENTATIONS]
@@ -107,7 +110,15 @@ def _variants(args: argparse.Namespace) -> list[Variant]:
         raise UsageError(f"--impl {unknown[0]}: unknown; choose from {', '.join(IMPLEMENTATIONS)}")
     offered = {i: available_policies(i) for i in IMPLEMENTATIONS}
     known = tuple(dict.fromkeys([*offered["rust"], *offered["python"]]))
-    if oracle.AVAILABLE:
+    if args.engine == "vllm":
+        # vLLM's hooks take the compiled manager; the oracle and the twin live in the model only.
+        if implementations not in ([], ["rust"]):
+            raise UsageError("--impl: --engine vllm runs the compiled manager (rust) only")
+        implementations = ["rust"]
+        known = offered["rust"]
+        if args.policy is not None and "oracle" in args.policy:
+            raise UsageError("--policy oracle: the oracle runs in the built-in model only (drop --engine vllm)")
+    elif oracle.AVAILABLE:
         known += ("oracle",)
     policies = args.policy or list(known)
     unknown = [p for p in policies if p not in known]
@@ -143,6 +154,19 @@ def _variants(args: argparse.Namespace) -> list[Variant]:
                 label = f"{impl}-{policy}{'+lookahead' if lookahead else ''}" if len(chosen) > 1 else None
                 variants.append(Variant(policy, lookahead, impl, label=label))
     return variants
+
+
+def _engine(args: argparse.Namespace) -> Engine:
+    """The function that runs one variant: the built-in model, or vLLM's own scheduler."""
+    if args.engine != "vllm":
+        return simulate
+    from encoder_cache.simulator import vllm_engine
+
+    try:
+        vllm_engine.require()
+    except vllm_engine.EngineUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    return vllm_engine.simulate_vllm
 
 
 def _workload(args: argparse.Namespace, step_seconds: float) -> Any:
@@ -186,7 +210,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if step_seconds <= 0:
         raise UsageError(f"--step-seconds must be > 0, got {step_seconds:g}")
     try:
-        limits = SchedulerLimits(**given(args, SchedulerLimits), prefix_caching=not args.no_prefix_caching)
+        limits = SchedulerLimits(
+            **given(args, SchedulerLimits),
+            prefix_caching=not args.no_prefix_caching,
+            async_scheduling=not args.no_async_scheduling,
+            reserve_full_isl=not args.no_scheduler_reserve_full_isl,
+        )
         cost = EncoderCost(
             DEFAULT_PER_EMBED_US if args.encoder_us_per_embed is None else args.encoder_us_per_embed,
             DEFAULT_PER_EMBED_SQ_US if args.encoder_us_per_embed_sq is None else args.encoder_us_per_embed_sq,
@@ -199,7 +228,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         )
         raise UsageError(flagged(message)) from None
     bytes_per_embed, basis = _memory(args)
-    jobs = min(2, os.cpu_count() or 1) if args.jobs is None else args.jobs
+    engine = _engine(args)
+    jobs = (1 if args.engine == "vllm" else min(2, os.cpu_count() or 1)) if args.jobs is None else args.jobs
     if jobs <= 0:
         raise UsageError(f"--jobs must be > 0, got {jobs}")
     export = None if args.export_trace is None else _writable_file("--export-trace", args.export_trace, None)
@@ -227,9 +257,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     workload = _workload(args, step_seconds)
     notes: list[str] = []
     largest = _max_tokens(workload)
-    if largest > limits.kv_capacity:
+    if largest > limits.kv_tokens:
         raise UsageError(
-            f"a request needs {largest:,} tokens of KV cache, more than --kv-capacity {limits.kv_capacity:,}; "
+            f"a request needs {largest:,} tokens of KV cache, more than the {limits.kv_tokens:,} --kv-capacity "
+            f"{limits.kv_capacity:,} holds (whole 16-token blocks, one kept out of the pool as vLLM does); "
             "raise it or shrink the workload"
         )
     if export is not None:
@@ -260,6 +291,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         basis,
         default_size,
         behaviour=args.behaviour is not None,
+        engine=args.engine,
         notes=notes,
     )
     sweep = not args.no_sweep and args.behaviour is None
@@ -269,7 +301,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if not args.no_progress and err.isatty():
         total = planned_runs(len(variants), len(sizes), sweep, explicit)
         bar = Progress(total * workload.num_requests, err)
-    runner = Runner(workload, limits, cost, args.check, jobs, bar)
+    runner = Runner(workload, limits, cost, args.check, jobs, bar, engine)
     try:
         fill(report, runner, variants, sizes, sweep, explicit)
     except ValueError as exc:

@@ -1,34 +1,25 @@
-"""A compact continuous-batching scheduler modelled on vLLM V1's, driving an
-encoder-cache manager through its step-level API.
+"""The scheduler model: vLLM 0.33's ``Scheduler`` (one full-attention KV
+group), rule for rule, driving an encoder-cache manager through its
+step-level API.
 
 Each step: running requests first, in admission order, then waiting ones (not
-on a step that preempted), within a token budget (``max_num_batched_tokens``),
-a request limit (``max_num_seqs``) and the encoder compute budget. Prefill is
-chunked, items may be split across steps. After the step every scheduled
-request advances, decodes one token once its prompt is computed, frees the
-encoder inputs it has consumed, and when it has all its output tokens it
-finishes and frees its references.
-
-The KV cache is a pool of 16-token blocks with vLLM's automatic prefix caching
-(``prefix_cache.py``): on admission a request skips the longest cached prefix
-of its tokens, and items wholly inside it are never scheduled for encoding.
-When the pool runs out, the newest running request is preempted: it frees its
-references and blocks and later starts again (its cached blocks may survive).
-
-With ``lookahead`` the scheduler marks every request in the waiting queue on
-the manager (``mark_waiting`` when it arrives there, preempted ones included;
-``unmark_waiting`` when it is admitted), so the manager evicts entries a
-waiting request needs last.
-
-The scheduler counts what the encoder computes, its cost in encoder seconds,
-and times every manager call; ``check=True`` also verifies the cache's
-accounting after every step. Arrivals come from ``arrivals.py``, the manager
-from ``variants.py``; the result is a ``results.RunResult``.
+on a step that preempted), within the token budget, the request limit and the
+encoder compute budget; prefill is chunked, items may be split across steps.
+A waiting request is admitted when its whole prompt fits in free KV blocks
+(``reserve_full_isl``) or else its chunk. When the pool runs out, the newest
+running request is preempted: it frees its references and blocks and goes
+back to the front of the queue. The KV pool and its prefix cache are vLLM's
+(``prefix_cache.py``). With async scheduling (vLLM's default) the engine
+keeps two steps in flight, as vLLM's batch queue does: outputs, frees and
+finishes are seen a step after the step is scheduled. Lookahead marks are
+set as ``encoder_cache.vllm``'s scheduler subclasses set them. What each item
+occurrence cost is counted by ``ledger.py``; ``check=True`` also verifies the
+cache's accounting after every step. Arrivals come from ``arrivals.py``, the
+manager from ``variants.py``; the result is a ``results.RunResult``.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from time import perf_counter
@@ -38,6 +29,7 @@ from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 from encoder_cache.simulator import checks, oracle
 from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
+from encoder_cache.simulator.ledger import Ledger
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE, BlockHasher, BlockPool
 from encoder_cache.simulator.prompts import Prompts, Run
@@ -56,18 +48,21 @@ class _Live:
 
     __slots__ = (
         "blocks",
+        "drained",
         "ends",
         "finished",
         "hasher",
-        "num_hashed",
+        "in_flight",
+        "num_cached",
         "num_output",
         "num_tokens",
+        "placeholders",
         "request",
-        "restarted",
         "served",
-        "shareable",
         "spec",
+        "stale",
         "starts",
+        "status",
     )
 
     def __init__(self, spec: RequestSpec, runs: list[Run]) -> None:
@@ -84,18 +79,33 @@ class _Live:
         self.ends = [item.offset + item.length for item in spec.items]
         self.hasher = BlockHasher(runs, spec.items, BLOCK_SIZE)
         self.blocks: list[int] = []
-        self.num_hashed = 0
+        self.num_cached = 0  # leading blocks keyed in the prefix cache
+        self.drained = False  # every encoder input it could hold is freed (until a restart)
         self.finished: int | None = None  # the step it finished at
-        #: Any request described by content may share blocks with others; in
-        #: the positional format only a session's later turns can, and a
-        #: request alone in its session can only find its own blocks again,
-        #: after a preemption, so it keys them only then.
-        self.shareable = spec.segments is not None or spec.session is not None
-        self.restarted = False
+        self.status = _WAITING
+        #: Async scheduling: tokens scheduled but not sampled yet (vLLM's
+        #: output placeholders), tokens in steps not processed yet, and of
+        #: those the ones scheduled before a preemption (their output is stale).
+        self.placeholders = 0
+        self.in_flight = 0
+        self.stale = 0
+
+
+_WAITING, _RUNNING, _PREEMPTED = 0, 1, 2
 
 
 def _blocks_for(tokens: int) -> int:
     return -(-tokens // BLOCK_SIZE)
+
+
+class _Batch:
+    """One scheduled step: ``(request, tokens, samples a token)`` per scheduled request."""
+
+    __slots__ = ("entries", "tokens")
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[_Live, int, bool]] = []
+        self.tokens = 0
 
 
 class _Run:
@@ -114,23 +124,23 @@ class _Run:
         self.limits = limits
         self.manager = manager
         self.encoder_compute_budget = encoder_compute_budget
-        self.cost = cost
         self.lookahead = lookahead
-        self.observer = observer
         self.check = check
         self.progress = progress
         self.counters = Counters()
         self.bookkeeping = 0.0
         self.clock = 0
         self.pool = BlockPool(limits.kv_capacity // BLOCK_SIZE, limits.prefix_caching)
+        self.depth = 2 if limits.async_scheduling else 1  # steps in flight, as vLLM's batch queue
+        self.marked: dict[str, _Live] = {}  # lookahead marks: the waiting queue at the last step's start
+        self.finished_since_schedule = False
         self.running: list[_Live] = []
         self.waiting: deque[_Live] = deque()
         self.arrivals = Arrivals(specs)
         self.prompts = Prompts()
         #: Recent sessions' last requests: a turn reuses its prefix's block hashes (a bounded cache, not state).
         self.recent: OrderedDict[str, tuple[RequestSpec, list[int]]] = OrderedDict()
-        self.encoded_ids: set[str] = set()
-        self.seen_ids: set[str] = set()
+        self.ledger = Ledger(self.counters, cost, observer)
 
     # Arrivals
 
@@ -143,13 +153,8 @@ class _Run:
         live = _Live(spec, self.prompts.runs(spec))
         if spec.session is not None and spec.segments is not None:
             self._reuse_hashes(live)
-        for item in spec.items:
-            if item.identifier not in self.seen_ids:
-                self.seen_ids.add(item.identifier)
-                self.counters.distinct_items += 1
-                self.counters.distinct_embeds += item.length
+        self.ledger.arrived(spec)
         self.waiting.append(live)
-        self._mark(live)
 
     def _reuse_hashes(self, live: _Live) -> None:
         """A session turn extending its previous turn hashes that turn's prompt and answer alike:
@@ -168,24 +173,31 @@ class _Run:
         if len(recent) > RECENT_SESSIONS:
             recent.popitem(last=False)
 
-    def _mark(self, live: _Live) -> None:
-        if self.lookahead and live.starts:
-            start = perf_counter()
-            self.manager.mark_waiting(live.request)
-            self.bookkeeping += perf_counter() - start
+    def _sync_marks(self) -> None:
+        """Lookahead: mark the waiting queue's requests, as ``encoder_cache.vllm``'s
+        scheduler subclasses do at the start of every step (requests admitted
+        or finished since are unmarked, new and preempted ones marked)."""
+        marked = self.marked
+        waiting = {live.spec.request_id: live for live in self.waiting if live.starts}
+        start = perf_counter()
+        for request_id in [r for r in marked if waiting.get(r) is not marked[r]]:
+            self.manager.unmark_waiting(marked.pop(request_id).request)
+        for request_id, live in waiting.items():
+            if request_id not in marked:
+                self.manager.mark_waiting(live.request)
+                marked[request_id] = live
+        self.bookkeeping += perf_counter() - start
 
-    def _unmark(self, live: _Live) -> None:
-        if self.lookahead and live.starts:
-            start = perf_counter()
-            self.manager.unmark_waiting(live.request)
-            self.bookkeeping += perf_counter() - start
-
-    # The loop
+    # The loop: vLLM's engine core. Synchronously each step is scheduled and
+    # its output processed; with async scheduling a batch queue two deep
+    # schedules the next step before processing the previous one's output.
 
     def run(self) -> None:
+        batches: deque[_Batch] = deque()
+        idle = 0
         while True:
             self._read_arrivals()
-            if not self.running and not self.waiting:
+            if not self.running and not self.waiting and not batches:
                 when = self.arrivals.next_event()
                 if when is None:
                     if self.arrivals.in_flight:
@@ -196,45 +208,71 @@ class _Run:
                 self.clock = max(when, self.clock + 1)  # idle: jump to the next arrival
                 continue
             if not self.waiting and not self.check:
-                steps = self._decode_only_steps()
+                steps = self._decode_only_steps(batches)
                 if steps:
                     self._fast_forward(steps)
                     continue
-            if self.waiting:
-                self.counters.waiting_steps += 1
-            scheduled = self._schedule()
-            if not scheduled:
-                raise SimulationError(
-                    f"the scheduler stalled at step {self.counters.steps}: "
-                    f"{len(self.running)} running and {len(self.waiting)} waiting requests, none schedulable"
-                )
-            self._update(scheduled)
-            self.clock += 1
-            self.counters.steps += 1
-            if self.check:
-                active = {live.spec.request_id for live in (*self.running, *self.waiting)}
-                checks.cache(self.manager, self.counters.steps, self.pool, active, (r.blocks for r in self.running))
-            if self.progress is not None and self.counters.steps % 64 == 0:
-                self.progress(self.counters.requests)
+            if self.running or self.waiting or self.finished_since_schedule:
+                waiting = bool(self.waiting)
+                batch = self._schedule()
+                self.finished_since_schedule = False
+                if batch.tokens:
+                    self.counters.steps += 1
+                    self.counters.waiting_steps += waiting
+                    idle = 0
+                else:
+                    idle += 1
+                    if idle > 2 * self.depth:
+                        raise SimulationError(
+                            f"the scheduler stalled at step {self.counters.steps}: "
+                            f"{len(self.running)} running and {len(self.waiting)} waiting requests, none schedulable"
+                        )
+                batches.appendleft(batch)
+                if len(batches) < self.depth and (batch.tokens or self.running or self.waiting):
+                    self._tick()
+                    continue
+            if batches:
+                self._update(batches.pop())
+            self._tick()
         if self.check:
             checks.released(self.manager, self.pool)
         if self.progress is not None:
             self.progress(self.counters.requests)
 
-    # Decode-only stretches: every running request decodes one token a step,
-    # nothing arrives, finishes or needs the encoder, so k steps are taken at
-    # once with the same outcome as taking them one by one (check=True takes
-    # them one by one, and the tests compare the two).
+    def _tick(self) -> None:
+        self.clock += 1
+        if self.check:
+            active = {live.spec.request_id for live in (*self.running, *self.waiting)}
+            checks.cache(self.manager, self.counters.steps, self.pool, active, (r.blocks for r in self.running))
+        if self.progress is not None and self.counters.steps % 64 == 0:
+            self.progress(self.counters.requests)
 
-    def _decode_only_steps(self) -> int:
+    # Decode-only stretches: every running request decodes one token a step,
+    # nothing waits, arrives, finishes or needs the encoder, so k steps are
+    # taken at once with the same outcome as taking them one by one
+    # (check=True takes them one by one, and the tests compare the two). With
+    # async scheduling the stretch starts and ends with one step in flight:
+    # each request has one output placeholder, and its last scheduled token's
+    # block is keyed only once that token comes back.
+
+    def _decode_only_steps(self, batches: deque[_Batch]) -> int:
         running = self.running
-        if len(running) > self.limits.max_num_batched_tokens:
+        if self.marked or len(running) > self.limits.max_num_batched_tokens:
             return 0
+        if self.depth > 1:
+            if len(batches) != 1 or len(batches[0].entries) != len(running):
+                return 0
+            if any(n != 1 or not samples or live.status != _RUNNING for live, n, samples in batches[0].entries):
+                return 0
+        elif batches:
+            return 0
+        lag = self.depth - 1  # tokens of each request in flight
+        margin = 1 + 2 * lag  # the last steps (and the async skip before them) run normally
         steps = None
         for live in running:
-            if live.num_tokens - live.request.num_computed_tokens != 1:
+            if live.num_tokens + lag - live.request.num_computed_tokens != 1 or live.placeholders != lag:
                 return 0
-            left = live.spec.output_tokens - live.num_output - 1  # the finishing step runs normally
+            left = live.spec.output_tokens - live.num_output - margin
             if steps is None or left < steps:
                 steps = left
         when = self.arrivals.next_event()
@@ -256,8 +294,8 @@ class _Run:
             request.num_computed_tokens = computed
             live.num_output += steps
             live.num_tokens += steps
-            if live.shareable:
-                self._key_full_blocks(live)
+            # Each step keyed the blocks its tokens filled, up to the last token sampled.
+            self._cache_blocks(live, computed - live.in_flight)
         self.clock += steps
         before = self.counters.steps
         self.counters.steps += steps
@@ -277,95 +315,122 @@ class _Run:
         self.bookkeeping += perf_counter() - start
         return num_new_tokens, to_encode, budget, repeated
 
-    def _schedule(self) -> list[tuple[_Live, int]]:
+    def _schedule(self) -> _Batch:
+        """vLLM 0.33's ``Scheduler.schedule()`` for one full-attention KV group."""
+        if self.lookahead:
+            self._sync_marks()
         limits, running, pool = self.limits, self.running, self.pool
         token_budget = limits.max_num_batched_tokens
         encoder_budget = self.encoder_compute_budget
-        scheduled: list[tuple[_Live, int]] = []
+        batch = _Batch()
         preempted = False
         index = 0
         while index < len(running) and token_budget > 0:
             live = running[index]
             computed = live.request.num_computed_tokens
-            num_new = min(live.num_tokens - computed, token_budget)
+            if live.placeholders and computed + 2 - live.placeholders >= live.spec.total_tokens:
+                index += 1  # async: its last token is already scheduled
+                continue
+            num_new = min(live.num_tokens + live.placeholders - computed, token_budget)
             num_new, to_encode, budget_after, repeated = self._try_schedule(live, computed, num_new, encoder_budget)
             if num_new == 0:
                 index += 1
                 continue
-            need = -(-(computed + num_new) // BLOCK_SIZE) - len(live.blocks)
-            if need <= 0:
-                token_budget -= num_new
-                if to_encode:
-                    encoder_budget = budget_after
-                self._start(live, num_new, to_encode, repeated, scheduled)
-                index += 1
-                continue
-            while need > len(pool.free):
+            need = _blocks_for(computed + num_new) - len(live.blocks)
+            while need > pool.num_free:
+                # Preempt the newest running request (perhaps this one).
                 victim = running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is live:
                     break
-            if index >= len(running):  # the request preempted itself: nothing left to preempt
+            if live.status != _RUNNING:
                 break
-            live.blocks += pool.allocate(need)
+            if need > 0:
+                live.blocks += pool.allocate(need)
+            if (computed + num_new) // BLOCK_SIZE > live.num_cached:
+                self._cache_blocks(live, computed + num_new)
             token_budget -= num_new
             if to_encode:
                 encoder_budget = budget_after
-            self._start(live, num_new, to_encode, repeated, scheduled)
+            self._start(live, num_new, to_encode, repeated, batch)
             index += 1
         if not preempted:
             skipped: list[_Live] = []
-            while self.waiting and len(running) < limits.max_num_seqs and token_budget > 0:
+            while self.waiting and token_budget > 0 and len(running) < limits.max_num_seqs:
                 live = self.waiting[0]
+                if live.stale:
+                    # Async: a step of it from before its preemption is still in flight.
+                    skipped.append(self.waiting.popleft())
+                    continue
                 request = live.request
                 # The cached prefix: full blocks, never the last token (it must be computed).
-                if live.shareable or live.restarted:
-                    cached = pool.longest_prefix(live.hasher.upto((live.num_tokens - 1) // BLOCK_SIZE))
-                else:
-                    cached = []
+                cached = pool.longest_prefix(live.hasher.upto((live.num_tokens - 1) // BLOCK_SIZE))
                 computed = len(cached) * BLOCK_SIZE
                 num_new = min(live.num_tokens - computed, token_budget)
                 num_new, to_encode, budget_after, repeated = self._try_schedule(live, computed, num_new, encoder_budget)
                 if num_new == 0:
                     skipped.append(self.waiting.popleft())
                     continue
-                need = _blocks_for(computed + num_new) - len(cached)
-                if need > pool.num_free - pool.num_reclaimed_by(cached):
+                # Admission: the whole prompt must fit (scheduler_reserve_full_isl),
+                # or else this step's chunk; cached hits in the free queue count as taken.
+                taken = pool.num_evictable(cached) - len(cached)
+                whole = _blocks_for(live.num_tokens) + taken
+                if (limits.reserve_full_isl and whole > pool.num_free) or (
+                    _blocks_for(computed + num_new) + taken > pool.num_free
+                ):
+                    if live.starts:
+                        start = perf_counter()
+                        self.manager.free(request)  # drop what the lookup took, as vLLM does
+                        self.bookkeeping += perf_counter() - start
                     break
                 self.waiting.popleft()
-                self._unmark(live)
                 running.append(live)
+                live.status = _RUNNING
                 pool.touch(cached)
-                live.blocks = cached + pool.allocate(need)
-                live.num_hashed = len(cached)
+                live.blocks = cached + pool.allocate(_blocks_for(computed + num_new) - len(cached))
+                live.num_cached = len(cached)
                 request.num_computed_tokens = computed
+                self._cache_blocks(live, computed + num_new)
                 if pool.caching:
                     self.counters.prefix_query_tokens += live.num_tokens
                     self.counters.prefix_hit_tokens += computed
                 if computed:
-                    self._skip_prefix_items(live, computed)
+                    self.ledger.admitted(live.spec, live.served, live.ends, computed)
                 token_budget -= num_new
                 if to_encode:
                     encoder_budget = budget_after
-                self._start(live, num_new, to_encode, repeated, scheduled)
+                self._start(live, num_new, to_encode, repeated, batch)
             self.waiting.extendleft(reversed(skipped))
         start = perf_counter()
         freed = self.manager.get_freed_mm_hashes()
         self.bookkeeping += perf_counter() - start
         self.counters.evictions += len(freed)
-        return scheduled
+        # After the step is scheduled: the requests advance; one that is past
+        # its prompt samples a token (with async scheduling a placeholder
+        # stands for it until the step's output comes back).
+        depth = self.depth
+        entries = batch.entries
+        for k, (live, num_new, _) in enumerate(entries):
+            request = live.request
+            request.num_computed_tokens += num_new
+            live.in_flight += num_new
+            samples = request.num_computed_tokens >= live.num_tokens + live.placeholders
+            if samples and depth > 1:
+                live.placeholders += 1
+            entries[k] = (live, num_new, samples)
+        return batch
 
-    def _skip_prefix_items(self, live: _Live, computed: int) -> None:
-        c, served = self.counters, live.served
-        for i in range(bisect_right(live.ends, computed)):
-            if not served[i]:
-                served[i] = True
-                c.prefix_skipped_items += 1
-                c.prefix_skipped_embeds += live.spec.items[i].length
-                if self.observer is not None:
-                    item = live.spec.items[i]
-                    self.observer.prefix_served(live.spec.request_id, i, item.identifier)
+    def _cache_blocks(self, live: _Live, num_tokens: int) -> None:
+        """Key the request's full blocks up to ``num_tokens`` (of the tokens it has so far)."""
+        pool = self.pool
+        full = min(num_tokens, live.num_tokens) // BLOCK_SIZE
+        if pool.caching and full > live.num_cached:
+            hashes = live.hasher.upto(full)
+            blocks = live.blocks
+            for b in range(live.num_cached, full):
+                pool.cache(blocks[b], hashes[b])
+            live.num_cached = full
 
     def _start(
         self,
@@ -373,109 +438,86 @@ class _Run:
         num_new: int,
         to_encode: list[int],
         repeated: list[int],
-        scheduled: list[tuple[_Live, int]],
+        batch: _Batch,
     ) -> None:
         """Commit ``num_new`` tokens of ``live`` to this step and account for its items."""
-        scheduled.append((live, num_new))
+        batch.entries.append((live, num_new, False))
+        batch.tokens += num_new
         request = live.request
         if to_encode:
             start = perf_counter()
             self.manager.allocate_encoder_inputs(request, to_encode, repeated)
             self.bookkeeping += perf_counter() - start
-        # The items whose placeholders overlap this step's tokens.
         computed = request.num_computed_tokens
-        first = bisect_right(live.ends, computed)
-        last = bisect_left(live.starts, computed + num_new)
-        if first >= last and not to_encode:
-            return
-        c, served, items, observer = self.counters, live.served, live.spec.items, self.observer
-        step = c.steps
-        for i in to_encode:
-            item = items[i]
-            embeds = item.length
-            c.encoded_items += 1
-            c.encoded_embeds += embeds
-            c.encoder_seconds += self.cost.seconds(embeds)
-            if item.identifier in self.encoded_ids:
-                c.recomputed_items += 1
-                c.recomputed_embeds += embeds
-                if served[i]:
-                    c.evicted_in_use_embeds += embeds
-            else:
-                self.encoded_ids.add(item.identifier)
-            if not served[i] and observer is not None:
-                observer.served(live.spec.request_id, i, item.identifier, step)
-            served[i] = True
-        for i in range(first, last):
-            if not served[i]:
-                served[i] = True
-                c.cache_hits += 1
-                c.hit_embeds += items[i].length
-                if observer is not None:
-                    observer.served(live.spec.request_id, i, items[i].identifier, step)
-        if self.check:
-            checks.window(self.manager, live.request, first, last, to_encode)
-
-    def _key_full_blocks(self, live: _Live) -> None:
-        """Key the request's newly full computed blocks in the prefix cache."""
-        pool = self.pool
-        full = live.request.num_computed_tokens // BLOCK_SIZE
-        if pool.caching and full > live.num_hashed:
-            hashes = live.hasher.upto(full)
-            for b in range(live.num_hashed, full):
-                pool.cache(live.blocks[b], hashes[b])
-            live.num_hashed = full
+        first, last = self.ledger.scheduled(
+            live.spec, live.served, live.starts, live.ends, computed, num_new, to_encode
+        )
+        if self.check and (first < last or to_encode):
+            checks.window(self.manager, request, first, last, to_encode)
 
     def _preempt(self, live: _Live) -> None:
         start = perf_counter()
         self.manager.free(live.request)
         self.bookkeeping += perf_counter() - start
-        if not live.shareable:
-            self._key_full_blocks(live)
-            live.restarted = True
         self.pool.release(live.blocks)
         live.blocks = []
-        live.num_hashed = 0
+        live.num_cached = 0
+        live.drained = False
         live.request.num_computed_tokens = 0
-        if self.observer is not None:
-            for i, item in enumerate(live.spec.items):
-                if live.served[i]:
-                    self.observer.needed_again(live.spec.request_id, i, item.identifier)
-        live.served = [False] * len(live.served)
+        live.status = _PREEMPTED
+        live.stale = live.in_flight  # its steps in flight deliver their tokens, then it may resume
+        live.placeholders = 0
+        self.ledger.restarted(live.spec, live.served)
         self.waiting.appendleft(live)
-        self._mark(live)
         self.counters.preemptions += 1
 
-    def _update(self, scheduled: list[tuple[_Live, int]]) -> None:
+    def _update(self, batch: _Batch) -> None:
+        """vLLM's ``update_from_output`` for a processed step: sampled tokens are
+        appended, consumed encoder inputs freed, finished requests released."""
         finished = False
-        for live, num_new in scheduled:
+        for live, num_new, samples in batch.entries:
+            live.in_flight -= num_new
+            stale = live.stale > 0
+            if stale:
+                live.stale -= num_new
+            if live.finished is not None:
+                continue
             request = live.request
-            request.num_computed_tokens += num_new
-            computed = request.num_computed_tokens
-            if live.shareable:
-                self._key_full_blocks(live)
-            if computed >= live.num_tokens:
-                live.num_output += 1
-                live.num_tokens += 1
-            done = live.num_output == live.spec.output_tokens
-            start = perf_counter()
-            if live.starts:
-                self.manager.free_encoder_inputs_before(request, computed)
-            if done:
-                self.manager.free(request)
-            self.bookkeeping += perf_counter() - start
-            if done:
+            if live.starts and not live.drained:
+                # Inputs whose placeholders end before the confirmed progress are in the KV cache.
+                position = request.num_computed_tokens - live.placeholders
+                start = perf_counter()
+                self.manager.free_encoder_inputs_before(request, position)
+                self.bookkeeping += perf_counter() - start
+                live.drained = position >= live.ends[-1]  # nothing left to free until a restart
+            if not samples:
+                continue
+            was_running = live.status == _RUNNING
+            had_placeholders = live.placeholders > 0
+            live.num_output += 1
+            live.num_tokens += 1
+            if not stale and had_placeholders:
+                live.placeholders -= 1
+                if was_running and (request.num_computed_tokens - live.in_flight) // BLOCK_SIZE > live.num_cached:
+                    self._cache_blocks(live, request.num_computed_tokens - live.in_flight)
+            if live.num_output >= live.spec.output_tokens:
                 self._finish(live)
                 finished = True
         if finished:
             self.running = [live for live in self.running if live.finished is None]
+            if any(live.finished is not None for live in self.waiting):
+                self.waiting = deque(live for live in self.waiting if live.finished is None)
 
     def _finish(self, live: _Live) -> None:
+        start = perf_counter()
+        self.manager.free(live.request)
+        self.bookkeeping += perf_counter() - start
         self.pool.release(live.blocks)
         live.blocks = []
         live.finished = self.clock
+        self.finished_since_schedule = True
         self.counters.requests += 1
-        if self.check and not all(live.served):
+        if self.check and live.status == _RUNNING and not all(live.served):
             missing = [i for i, served in enumerate(live.served) if not served]
             raise SimulationError(f"{live.spec.request_id} finished without items {missing} encoded or cached")
         self.arrivals.finished(live.spec, self.clock)
@@ -515,9 +557,8 @@ def simulate(
         future = oracle.Future(recorder)
         observer = future
     manager = variant.manager(size, future)
-    blocks = limits.kv_capacity // BLOCK_SIZE
     run = _Run(
-        _checked(workload.requests(), blocks, limits),
+        _checked(workload.requests(), limits),
         limits,
         manager,
         compute_budget,
@@ -534,11 +575,12 @@ def simulate(
     return RunResult(variant, compute_budget, size, run.counters, run.bookkeeping, wall, stats)
 
 
-def _checked(specs: Iterator[RequestSpec], blocks: int, limits: SchedulerLimits) -> Iterator[RequestSpec]:
+def _checked(specs: Iterator[RequestSpec], limits: SchedulerLimits) -> Iterator[RequestSpec]:
     for spec in specs:
-        if _blocks_for(spec.total_tokens) > blocks:
+        if spec.total_tokens > limits.kv_tokens:
             raise ValueError(
-                f"request {spec.request_id} needs {spec.total_tokens} tokens of KV cache, "
-                f"more than kv_capacity={limits.kv_capacity}; raise the capacity or shrink the workload"
+                f"request {spec.request_id} needs {spec.total_tokens} tokens of KV cache, more than the "
+                f"{limits.kv_tokens} kv_capacity={limits.kv_capacity} holds (in whole blocks, one kept out "
+                "of the pool as vLLM does); raise the capacity or shrink the workload"
             )
         yield spec

@@ -27,14 +27,29 @@ class SchedulerLimits:
         262144, "KV-cache capacity in tokens (16-token blocks); when full the newest request is preempted", "N"
     )
     prefix_caching: bool = field(default=True, metadata={"cli": False})
+    #: vLLM's ``async_scheduling`` (its default): the next step is scheduled
+    #: before the previous step's output comes back.
+    async_scheduling: bool = field(default=True, metadata={"cli": False})
+    #: vLLM's ``scheduler_reserve_full_isl`` (its default): a waiting request is
+    #: admitted only when its whole prompt fits in free blocks, not just its first chunk.
+    reserve_full_isl: bool = field(default=True, metadata={"cli": False})
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            if name != "prefix_caching" and value is not None and value <= 0:
+            if not isinstance(value, bool) and value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
-        if self.kv_capacity < BLOCK_SIZE:
-            raise ValueError(f"kv_capacity must be at least one block ({BLOCK_SIZE} tokens), got {self.kv_capacity}")
+        if self.kv_capacity < 2 * BLOCK_SIZE:
+            raise ValueError(
+                f"kv_capacity must be at least two blocks ({2 * BLOCK_SIZE} tokens: vLLM keeps one out of the "
+                f"pool), got {self.kv_capacity}"
+            )
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the KV pool can hold: ``kv_capacity`` in whole blocks, less the
+        one block vLLM keeps out of the pool (its null block)."""
+        return (self.kv_capacity // BLOCK_SIZE - 1) * BLOCK_SIZE
 
     def encoder_budget(self, max_embeds_per_item: dict[str, int]) -> tuple[int, int]:
         """``(encoder_compute_budget, encoder_cache_size)`` as vLLM derives them."""

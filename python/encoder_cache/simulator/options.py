@@ -331,3 +331,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scheduler.add_argument(
         "--no-prefix-caching", action="store_true", help="turn off the KV prefix cache (on by default, as in vLLM)"
     )
+    scheduler.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="schedule each step after the previous one's output came back (vLLM's --no-async-scheduling); "
+        "by default the next step is scheduled first, as vllm serve does",
+    )
+    scheduler.add_argument(
+        "--no-scheduler-reserve-full-isl",
+        action="store_true",
+        help="admit a waiting request when its first chunk fits in free KV blocks (vLLM's "
+        "--no-scheduler-reserve-full-isl); by default its whole prompt must fit",
+    )
+    engine = parser.add_argument_group("engine")
+    engine.add_argument(
+        "--engine",
+        choices=("model", "vllm"),
+        default="model",
+        help="model: the built-in scheduler model (fast, no vLLM needed); vllm: replay through vLLM 0.33's "
+        "own scheduler on CPU (needs vLLM installed; no GPU, no weights) (default: model)",
+    )

@@ -2,15 +2,15 @@
 automatic prefix caching.
 
 A request holds one block per ``block_size`` tokens it has computed or is
-computing. A block becomes *cached* once it is full: it is keyed by a hash
-chained over the prefix (the parent block's hash and this block's tokens;
-multimodal placeholder tokens contribute their item's identifier, as vLLM's
-``extra_keys`` do). A freed block keeps its key and stays reusable until the
-pool hands it out again; free blocks are handed out least recently freed
-first, and a request frees its blocks tail first, so a prompt's last blocks
-go before its first ones (vLLM's ``FreeKVCacheBlockQueue``). On admission the
-scheduler looks the request's full blocks up in order and skips the longest
-cached prefix (at most all but the last token, which must be computed).
+computing. A block becomes *cached* once the scheduler has scheduled it full
+(vLLM keys blocks when it allocates their slots, not after the step): it is
+keyed by a hash chained over the prefix (the parent block's hash and this
+block's tokens; multimodal placeholder tokens contribute their item's
+identifier, as vLLM's ``extra_keys`` do). A freed block keeps its key and
+stays reusable until the pool hands it out again; the free queue's order is
+vLLM's (``BlockPool`` below). On admission the scheduler looks the request's
+full blocks up in order and skips the longest cached prefix (at most all but
+the last token, which must be computed).
 
 Token identity: a request's tokens are described by runs of content
 (``prompts.py``); two blocks hash alike exactly when their prefixes have the
@@ -132,16 +132,31 @@ def _piece(run: Run, lo: int, hi: int) -> tuple[object, int, int]:
 
 
 class BlockPool:
-    """Blocks with reference counts, a hash -> block map for full blocks, and
-    the free list in eviction order (least recently freed first)."""
+    """vLLM's ``BlockPool`` for one full-attention group: blocks with reference
+    counts, a hash -> blocks map for full blocks, and the free queue in the
+    order blocks are handed out.
+
+    - Block 0 is vLLM's null block: it is never handed out, so the pool holds
+      ``num_blocks - 1`` usable blocks.
+    - A request frees its blocks tail first. Freed blocks without a hash (a
+      partial last block, or every block with prefix caching off) go to the
+      front of the queue, to be reused first; freed blocks with a hash go to
+      its back, so cached blocks are evicted least recently freed first.
+    - A block handed out forgets its hash. Two blocks may carry the same hash
+      (vLLM does not deduplicate); a lookup finds the one keyed first.
+    """
 
     def __init__(self, num_blocks: int, caching: bool) -> None:
         self.num_blocks = num_blocks
         self.caching = caching
         self.refs = [0] * num_blocks
         self.key: list[int | None] = [None] * num_blocks
-        self.by_hash: dict[int, int] = {}
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.by_hash: dict[int, int | dict[int, None]] = {}
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+
+    @property
+    def num_usable(self) -> int:
+        return self.num_blocks - 1
 
     @property
     def num_free(self) -> int:
@@ -149,18 +164,20 @@ class BlockPool:
 
     def longest_prefix(self, hashes: list[int]) -> list[int]:
         """The cached blocks of the longest prefix of ``hashes``."""
-        blocks = []
+        blocks: list[int] = []
         if self.caching:
+            by_hash = self.by_hash
             for h in hashes:
-                block = self.by_hash.get(h)
-                if block is None:
+                entry = by_hash.get(h)
+                if entry is None:
                     break
-                blocks.append(block)
+                blocks.append(entry if isinstance(entry, int) else next(iter(entry)))
         return blocks
 
-    def num_reclaimed_by(self, blocks: list[int]) -> int:
-        """How many of ``blocks`` (cached hits) sit in the free list: taking them shrinks it."""
-        return sum(1 for b in blocks if not self.refs[b])
+    def num_evictable(self, blocks: list[int]) -> int:
+        """How many of ``blocks`` (cached hits) sit in the free queue: taking them shrinks it."""
+        refs = self.refs
+        return sum(1 for b in blocks if not refs[b])
 
     def touch(self, blocks: list[int]) -> None:
         for b in blocks:
@@ -169,28 +186,56 @@ class BlockPool:
             self.refs[b] += 1
 
     def allocate(self, n: int) -> list[int]:
-        """``n`` fresh blocks from the free list's head; their old keys are forgotten."""
+        """``n`` blocks from the free queue's front; their old hashes are forgotten."""
         blocks = []
+        free, key, refs = self.free, self.key, self.refs
         for _ in range(n):
-            b, _ = self.free.popitem(last=False)
-            key = self.key[b]
-            if key is not None:
-                self.key[b] = None
-                if self.by_hash.get(key) == b:
-                    del self.by_hash[key]
-            self.refs[b] = 1
+            b, _ = free.popitem(last=False)
+            h = key[b]
+            if h is not None:
+                key[b] = None
+                self._unmap(h, b)
+            refs[b] = 1
             blocks.append(b)
         return blocks
 
+    def _unmap(self, h: int, block: int) -> None:
+        entry = self.by_hash.get(h)
+        if entry is None:
+            return
+        if isinstance(entry, int):
+            if entry == block:
+                del self.by_hash[h]
+        else:
+            entry.pop(block, None)
+            if not entry:
+                del self.by_hash[h]
+
     def release(self, blocks: list[int]) -> None:
-        """Drop a request's blocks, tail first (the tail is then evicted first)."""
+        """Drop a request's blocks, tail first: unhashed ones to the queue's
+        front (reused first), hashed ones to its back (evicted last)."""
+        first: list[int] = []
+        refs, key, free = self.refs, self.key, self.free
         for b in reversed(blocks):
-            self.refs[b] -= 1
-            if not self.refs[b]:
-                self.free[b] = None
+            refs[b] -= 1
+            if not refs[b]:
+                if key[b] is None or not self.caching:
+                    first.append(b)
+                else:
+                    free[b] = None
+        for b in reversed(first):
+            free[b] = None
+            free.move_to_end(b, last=False)
 
     def cache(self, block: int, h: int) -> None:
-        """Key a full block; a block with the same hash already cached wins (as in vLLM)."""
-        if self.caching and self.key[block] is None and h not in self.by_hash:
-            self.key[block] = h
+        """Key a full block (a block keeps the hash it was given until it is handed out again)."""
+        if not self.caching or self.key[block] is not None:
+            return
+        self.key[block] = h
+        entry = self.by_hash.get(h)
+        if entry is None:
             self.by_hash[h] = block
+        elif isinstance(entry, int):
+            self.by_hash[h] = {entry: None, block: None}
+        else:
+            entry[block] = None

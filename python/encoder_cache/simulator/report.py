@@ -85,6 +85,8 @@ class Report:
     behaviour: bool = False
     #: Lines printed after the header (what was left out, and why).
     notes: list[str] = field(default_factory=list)
+    #: Which engine ran the workload: the built-in ``model`` or ``vllm``'s own scheduler.
+    engine: str = "model"
 
     # What the runs say
 
@@ -226,8 +228,11 @@ class Report:
     def header(self) -> str:
         limits = self.limits
         prefix = "on" if limits.prefix_caching else "off"
+        engine = "vLLM 0.33's scheduler" if self.engine == "vllm" else "the scheduler model"
         return (
-            f"{self.description} | max_num_batched_tokens {limits.max_num_batched_tokens}, "
+            f"{self.description} | {engine}, {'async' if limits.async_scheduling else 'sync'} scheduling, "
+            f"admission {'whole prompt' if limits.reserve_full_isl else 'first chunk'} | "
+            f"max_num_batched_tokens {limits.max_num_batched_tokens}, "
             f"max_num_seqs {limits.max_num_seqs}, KV cache {limits.kv_capacity:,} tokens, prefix caching {prefix} | "
             f"encoder cost {self.cost.per_embed_us:g} us/embed + {self.cost.per_embed_sq_us:g} us/embed^2 | "
             f"{self.bytes_per_embed:,} bytes per embedding ({self.memory_basis})"
@@ -382,6 +387,7 @@ class Report:
         by_size = sorted(self.sweep, key=lambda r: (r.encoder_cache_size, r.name))
         return {
             "workload": config,
+            "engine": self.engine,
             "limits": asdict(self.limits),
             "cost": asdict(self.cost),
             "bytes_per_embed": self.bytes_per_embed,
