@@ -102,7 +102,7 @@ def throughput(steps: int) -> dict[str, float]:
             if not started.wait(60):
                 raise RuntimeError("the subscriber did not start")
             time.sleep(0.2)  # let the subscription reach the publisher
-            manager = observed_class(EncoderCacheManager, events=True)(ITEMS_PER_STEP * ITEM_EMBEDS)
+            manager = observed_class(EncoderCacheManager)(ITEMS_PER_STEP * ITEM_EMBEDS)
             manager.observers = StepObservers(publisher=publisher)
             per_step = ITEMS_PER_STEP // ITEMS_PER_REQUEST
             window = ITEMS_PER_REQUEST * ITEM_EMBEDS
@@ -180,7 +180,7 @@ def hand_off(steps: int, rounds: int) -> dict[str, float]:
     with EventPublisher(f"ipc://{directory}/pub") as publisher:
         for n in range(rounds):
             off.append(_cpu_per_step(EncoderCacheManager(size), _requests(f"a{n}.", steps), steps)[0])
-            manager = observed_class(EncoderCacheManager, events=True)(size)
+            manager = observed_class(EncoderCacheManager)(size)
             manager.observers = StepObservers(publisher=publisher)
             on.append(_cpu_per_step(manager, _requests(f"b{n}.", steps), steps, publisher))
     return {

@@ -13,6 +13,7 @@
 //! - `stats`: counters and the ghosts of evicted items;
 //! - `core`: [`PolicyCache`], the operations under one policy;
 //! - `dispatch`: [`EncoderCache`], the policy chosen at run time;
+//! - `events`: the optional event log of what was stored, dropped and cleared;
 //! - `state`: the state as plain data, its invariants, and restoring it;
 //! - `errors`: why an operation is refused.
 //!
@@ -26,6 +27,7 @@ mod core;
 mod dispatch;
 mod entries;
 mod errors;
+mod events;
 mod keys;
 mod lanes;
 mod policies;
@@ -43,6 +45,7 @@ pub use self::core::PolicyCache;
 pub use dispatch::{with_policy_cache, EncoderCache};
 pub use entries::Entry;
 pub use errors::CacheError;
+pub use events::{StepEvents, DEFAULT_MAX_PENDING};
 pub use keys::{hash_key, Handle, Key, KeyArg};
 pub use policies::{EvictionPolicy, Gdsf, GdsfMeta, Policy, S3Fifo, S3FifoMeta, Vllm, GDSF_COST_SCALE, S3FIFO_MAX_CREDIT};
 pub use requests::HeldInputs;

@@ -63,7 +63,7 @@ def main(out: str) -> None:
     from encoder_cache.metrics import CacheMetrics
     from encoder_cache.observed import StepObservers, observed_class
 
-    manager = observed_class(EncoderCacheManager, events=False)(96)
+    manager = observed_class(EncoderCacheManager)(96)
     manager.observers = StepObservers(metrics=CacheMetrics(model_name="m", engine=3), metrics_interval=0.0)
     run_steps(manager, 40, seed=1)
     before_reset = manager.stats()

@@ -28,13 +28,23 @@ def outcome(call):
 
 
 class DifferentialMachine(RuleBasedStateMachine):
-    @initialize(cache_size=st.integers(0, 40), policy=st.sampled_from(encoder_cache.POLICIES))
-    def build(self, cache_size, policy):
+    @initialize(
+        cache_size=st.integers(0, 40),
+        policy=st.sampled_from(encoder_cache.POLICIES),
+        events=st.sampled_from([None, 0, 4, 1 << 16]),
+    )
+    def build(self, cache_size, policy, events):
         self.rust = encoder_cache.EncoderCacheManager(cache_size, policy=policy)
         self.python = reference.EncoderCacheManager(cache_size, policy=policy)
         self.requests = []
         self.count = 0
         self.kept = []  # sets the caller holds on to
+        # Cache events: off, or on with a bound small enough to overflow. `seen`
+        # is a subscriber's view, built from the drained events alone.
+        self.events = events is not None
+        self.seen = {}
+        if self.events:
+            self.both("enable_events", events)
 
     def both(self, method, *args):
         got = outcome(lambda: getattr(self.rust, method)(*args))
@@ -163,6 +173,26 @@ class DifferentialMachine(RuleBasedStateMachine):
         if keep:
             self.kept.append(got)
 
+    @rule(drain=st.booleans())
+    def take_step_events(self, drain):
+        """A step's end: the freed report, then (usually) the events drained. Applied
+        in order to the previous view, they give the cached items."""
+        self.both("get_freed_mm_hashes")
+        if not drain:
+            return
+        outcome = self.both("take_step_events")
+        if not self.events:
+            assert outcome == ("raised", ValueError)
+            return
+        cleared, removed, stored = outcome[1]
+        if cleared:
+            self.seen.clear()
+        for mm_hash in removed:
+            self.seen.pop(mm_hash, None)
+        for mm_hash, embeds, modality in stored:
+            self.seen[mm_hash] = (embeds, modality)
+        assert self.seen == {h: (n, m) for h, n, m in self.rust.cached_items()}
+
     @rule(chance=st.integers(0, 19))
     def reset(self, chance):
         if chance == 0:
@@ -174,6 +204,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         assert self.rust.snapshot() == self.python.snapshot()
         assert self.rust.stats() == self.python.stats()
         assert self.rust.policy == self.python.policy
+        assert self.rust.cached_items() == self.python.cached_items()
         self.rust.check_invariants()
         self.python.check_invariants()
 

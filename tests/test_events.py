@@ -36,7 +36,7 @@ from encoder_cache.events import (  # noqa: E402
 )
 from encoder_cache.observed import StepObservers, observed_class  # noqa: E402
 
-RecordingManager = observed_class(EncoderCacheManager, events=True)
+RecordingManager = observed_class(EncoderCacheManager)
 
 
 @pytest.fixture
@@ -138,10 +138,21 @@ def test_engine_endpoints_move_as_vllms_kv_event_endpoints() -> None:
 
 
 def test_a_step_reports_removals_before_storage() -> None:
+    manager = EncoderCacheManager(16)
+    manager.enable_events()
     log = StepEventLog()
-    log.allocated(make_request("r", [("new", 16, "image")]), (0,))
-    assert log.end_step(["old"]).events() == [wire.removed(["old"]), wire.stored("new", 16, "image")]
-    assert log.end_step([]) is None
+    old = make_request("o", [("old", 16, "audio")])
+    manager.allocate(old, 0)
+    manager.get_freed_mm_hashes()
+    assert log.end_step(manager).events() == [wire.stored("old", 16, "audio")]
+    manager.free(old)
+    new = make_request("r", [("new", 16, "image")])
+    assert manager.can_allocate(new, 0, 100, 0)  # evicts old
+    manager.allocate(new, 0)
+    assert manager.get_freed_mm_hashes() == ["old"]
+    assert log.end_step(manager).events() == [wire.removed(["old"]), wire.stored("new", 16, "image")]
+    manager.get_freed_mm_hashes()
+    assert log.end_step(manager) is None
 
 
 class Batches:
@@ -284,14 +295,13 @@ def test_a_stalled_subscriber_never_holds_the_publisher(ipc_dir: str) -> None:
 def test_a_batch_that_cannot_be_built_is_a_gap_no_replay_fills(ipc_dir: str, caplog: pytest.LogCaptureFixture) -> None:
     """The stream goes on, and subscribers learn their view is incomplete."""
     pub_endpoint, replay_endpoint = endpoints(ipc_dir)
-    broken = make_request("r", [("x", 8, "image")])
     with (
         EventPublisher(pub_endpoint, replay_endpoint=replay_endpoint) as publisher,
         CacheEventSubscriber({"e": Engine(pub_endpoint, replay_endpoint)}) as subscriber,
     ):
         subscriber.sync("e")
         publisher.publish([wire.stored("a", 1, "image")])
-        publisher.publish(StepRecord(False, [], [(broken, (5,))], wire.MEDIUM))  # no input 5
+        publisher.publish(StepRecord(False, [], [(object(), 1, "image")], wire.MEDIUM))  # not encodable
         publisher.publish([wire.stored("b", 2, "image")])
         catch_up(subscriber, publisher)
         engine = subscriber.engine("e")

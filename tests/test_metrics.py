@@ -164,7 +164,7 @@ def test_metrics_port_serves_the_values_without_a_multiprocess_dir(monkeypatch: 
     announced: list[str] = []
     observers = options.observers(engine=2, model_name="x", announce=announced.append)
     assert announced == []
-    manager = observed_class(EncoderCacheManager, events=False)(64)
+    manager = observed_class(EncoderCacheManager)(64)
     manager.observers = observers
     observers.metrics_interval = 0.0
     run_steps(manager, 20, seed=7)
@@ -196,7 +196,7 @@ def test_counters_never_go_down_across_reset_stats() -> None:
     from observe_workload import run_steps
 
     registry = CollectorRegistry()
-    manager = observed_class(EncoderCacheManager, events=False)(64)
+    manager = observed_class(EncoderCacheManager)(64)
     manager.observers = StepObservers(metrics=CacheMetrics(engine=9, registry=registry), metrics_interval=3600)
     run_steps(manager, 10, seed=1)  # the first step updated; the rest waited for the interval
     before = manager.stats()

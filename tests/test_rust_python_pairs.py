@@ -139,6 +139,34 @@ def test_evicted_memory():
         assert _reencodes_after_evictions(cls, memory + 1, "item1") == 1
 
 
+def test_event_log_bound():
+    """Both logs keep identifiers pending up to the same default bound, and overflow past it."""
+    bound = reference.EVENT_LOG_MAX_PENDING
+    assert bound == 1 << 16
+    request = make_request("many", [f"i{n}" for n in range(bound + 1)], [0] * (bound + 1))
+    for cls in (RUST, TWIN):
+        manager = cls(0)
+        manager.enable_events()
+        for input_id in range(bound):
+            manager.allocate(request, input_id)
+        assert not manager.take_step_events()[0], "the bound itself fits"
+        for input_id in range(bound + 1):
+            manager.free_encoder_input(request, input_id)
+            manager.allocate(make_request(f"x{input_id}", [f"j{input_id}"], [0]), 0)
+        assert manager.take_step_events()[0], "one past it overflows"
+    for cls in (RUST, TWIN):
+        manager = _busy(cls)
+        manager.enable_events()
+        manager.enable_events(2)  # enabling again changes the bound only
+        for n in range(2):
+            manager.allocate(make_request(f"s{n}", [f"new{n}"], [1]), 0)
+        assert manager.take_step_events() == (False, [], [("new0", 1, "image"), ("new1", 1, "image")])
+        for n in range(2, 5):
+            manager.allocate(make_request(f"s{n}", [f"new{n}"], [0]), 0)
+        assert manager.take_step_events() == (True, [], manager.cached_items())
+        assert len(manager.cached_items()) == 7
+
+
 def test_unknown_modality():
     request = OddRequest("r", ["a"], [2])  # features with no modality
     for cls in (RUST, TWIN):
@@ -199,6 +227,9 @@ CACHE_CASES = {
         _busy,
         lambda m: m.allocate_encoder_inputs(make_request("r", ["a"], [1]), [0, 3], []),
     ),
+    "events off": (_busy, lambda m: m.take_step_events()),
+    "events bound negative": (_busy, lambda m: m.enable_events(-1)),
+    "events bound not int": (_busy, lambda m: m.enable_events(2.5)),
 }
 
 

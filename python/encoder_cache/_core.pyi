@@ -226,6 +226,30 @@ class EncoderCacheManager:
     @property
     def freed(self) -> list[str]:
         """A snapshot: identifiers evicted since the last `get_freed_mm_hashes()`, in eviction order."""
+    def enable_events(self, max_pending: int | None = None) -> None:
+        """Start recording cache events for `take_step_events()`: each
+        allocation, each `get_freed_mm_hashes()` report, each `reset()`.
+
+        Recording costs nothing while off (the default). At most
+        `max_pending` identifiers (default 65,536) wait for a drain; past that the pending
+        events are dropped and the next drain reports a clear and every
+        cached item instead. Enabling again changes only the bound. Not part
+        of `snapshot()`: a restored manager records nothing until enabled.
+        """
+    def take_step_events(self) -> tuple[bool, list[str], list[tuple[str, int, str]]]:
+        """Return the cache events since the last call as `(cleared, removed,
+        stored)`, and empty the log.
+
+        Applied in order to the items known after the previous call, they
+        give the cached items now: `cleared`, forget them all (the cache was
+        reset, or the log overflowed); `removed`, the identifiers
+        `get_freed_mm_hashes()` reported, in order; `stored`, the items
+        allocated since and still cached, as `(identifier, embeds, modality)`
+        in the order of their first allocation. Call it right after
+        `get_freed_mm_hashes()`. Raises ValueError if events are off.
+        """
+    def cached_items(self) -> list[tuple[str, int, str]]:
+        """Return every cached item as `(identifier, embeds, modality)`, sorted by identifier."""
 
 @disjoint_base
 class EncoderDecoderCacheManager:

@@ -2,19 +2,19 @@
 
 The scheduler calls ``get_freed_mm_hashes()`` once at the end of every step;
 that call is where ``StepObservers`` runs. Nothing is added to the per-item
-calls except, with events on, the allocations (``allocate``,
-``allocate_encoder_inputs``), which record what they stored in the step's
-``StepEventLog``.
+calls: with events on, the manager's core records what it stores, drops and
+clears (``enable_events()``), and the step's end drains it.
 
-``observed_class(base, events=...)`` makes the class: ``base`` is a manager
-class with vLLM 0.33's API (``encoder_cache.EncoderCacheManager`` or a
-subclass); the instance's ``observers`` attribute holds what it reports to.
+``observed_class(base)`` makes the class: ``base`` is a manager class with
+vLLM 0.33's API (``encoder_cache.EncoderCacheManager`` or a subclass); the
+instance's ``observers`` attribute holds what it reports to, and assigning
+observers with a publisher turns the manager's events on.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,10 +51,10 @@ class StepObservers:
         self._next_log = 0.0
         self._next_metrics = 0.0
 
-    def end_step(self, manager: Any, freed: list[str]) -> None:
+    def end_step(self, manager: Any) -> None:
         events = self.events
         if events is not None:
-            record = events.end_step(freed)
+            record = events.end_step(manager)
             if record is not None:
                 self.publisher.publish(record)
         if self.log is None and self.metrics is None:
@@ -78,52 +78,41 @@ class StepObservers:
 
 
 class _Observed:
-    observers: StepObservers
+    _observers: StepObservers
+
+    @property
+    def observers(self) -> StepObservers:
+        """What the manager reports to; assigning observers with a publisher turns its events on."""
+        return self._observers
+
+    @observers.setter
+    def observers(self, observers: StepObservers) -> None:
+        if observers.publisher is not None:
+            self.enable_events()  # type: ignore[attr-defined]
+        self._observers = observers
 
     def get_freed_mm_hashes(self) -> list[str]:
         freed = super().get_freed_mm_hashes()  # type: ignore[misc]
-        self.observers.end_step(self, freed)
+        self._observers.end_step(self)
         return freed
 
-    def reset(self) -> None:
-        super().reset()  # type: ignore[misc]
-        events = self.observers.events
-        if events is not None:
-            events.cleared()
-
     def reset_stats(self) -> None:
-        metrics = self.observers.metrics
+        metrics = self._observers.metrics
         if metrics is not None:
-            self.observers.update_metrics(self)  # what was counted so far stays counted
+            self._observers.update_metrics(self)  # what was counted so far stays counted
         super().reset_stats()  # type: ignore[misc]
         if metrics is not None:
             metrics.stats_reset()
 
 
-class _Recording(_Observed):
-    def allocate(self, request: Any, input_id: int) -> None:
-        super().allocate(request, input_id)  # type: ignore[misc]
-        self.observers.events.allocated(request, (input_id,))  # type: ignore[union-attr]
-
-    def allocate_encoder_inputs(
-        self, request: Any, input_ids: Sequence[int], duplicate_input_ids: Sequence[int]
-    ) -> None:
-        super().allocate_encoder_inputs(request, input_ids, duplicate_input_ids)  # type: ignore[misc]
-        if input_ids:
-            self.observers.events.allocated(request, tuple(input_ids))  # type: ignore[union-attr]
+_CLASSES: dict[type, type] = {}
 
 
-_CLASSES: dict[tuple[type, bool], type] = {}
-
-
-def observed_class(base: type, *, events: bool) -> type:
-    """``base`` reporting to its ``observers`` once per step; with ``events``,
-    its allocations also record what they stored."""
-    key = (base, events)
-    cls = _CLASSES.get(key)
+def observed_class(base: type) -> type:
+    """``base`` reporting to its ``observers`` once per step."""
+    cls = _CLASSES.get(base)
     if cls is None:
-        mixin = _Recording if events else _Observed
-        cls = _CLASSES[key] = type(f"Observed{base.__name__}", (mixin, base), {"__module__": base.__module__})
+        cls = _CLASSES[base] = type(f"Observed{base.__name__}", (_Observed, base), {"__module__": base.__module__})
     return cls
 
 

@@ -192,7 +192,7 @@ class EncoderCacheManager(_core.EncoderCacheManager):
         if observers.log is None and observers.metrics is None and observers.publisher is None:
             manager = cls(size, policy=options.policy)
         else:
-            manager = observed_class(cls, events=observers.publisher is not None)(size, policy=options.policy)
+            manager = observed_class(cls)(size, policy=options.policy)
             manager.observers = observers
         manager.lookahead = options.lookahead
         _log_capacity(size, cache_size, per_embed, options)

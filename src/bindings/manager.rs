@@ -11,7 +11,7 @@ use super::modality;
 use super::request::{count, features, identifier, identifier_of, input_index, request_id};
 use super::shared::ManagerState;
 use super::state::{cache_state_from_dict, cache_state_to_dict};
-use crate::cache::{Counters, EncoderCache, Key, Policy};
+use crate::cache::{Counters, EncoderCache, Key, Policy, DEFAULT_MAX_PENDING};
 
 /// The encoder cache of a multimodal model, with vLLM 0.33's API: which items
 /// (by content hash) are cached, which requests reference them, which
@@ -300,6 +300,46 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
     fn freed<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
         let (py, state) = (slf.py(), slf.try_borrow()?);
         PyList::new(py, state.cache.freed().into_iter().map(|k| &**k))
+    }
+
+    /// Start recording cache events for `take_step_events()`: each
+    /// allocation, each `get_freed_mm_hashes()` report, each `reset()`.
+    ///
+    /// Recording costs nothing while off (the default). At most
+    /// `max_pending` identifiers (default 65,536) wait for a drain; past that the pending
+    /// events are dropped and the next drain reports a clear and every
+    /// cached item instead. Enabling again changes only the bound. Not part
+    /// of `snapshot()`: a restored manager records nothing until enabled.
+    #[pyo3(signature = (max_pending = None))]
+    fn enable_events(slf: &Bound<'_, Self>, max_pending: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let max_pending = match max_pending {
+            Some(n) => usize::try_from(count(n, "max_pending")?).unwrap_or(usize::MAX),
+            None => DEFAULT_MAX_PENDING,
+        };
+        slf.try_borrow_mut()?.cache.enable_events(max_pending);
+        Ok(())
+    }
+
+    /// Return the cache events since the last call as `(cleared, removed,
+    /// stored)`, and empty the log.
+    ///
+    /// Applied in order to the items known after the previous call, they
+    /// give the cached items now: `cleared`, forget them all (the cache was
+    /// reset, or the log overflowed); `removed`, the identifiers
+    /// `get_freed_mm_hashes()` reported, in order; `stored`, the items
+    /// allocated since and still cached, as `(identifier, embeds, modality)`
+    /// in the order of their first allocation. Call it right after
+    /// `get_freed_mm_hashes()`. Raises ValueError if events are off.
+    fn take_step_events<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let events = slf.try_borrow_mut()?.cache.take_events();
+        let events = events.ok_or_else(|| PyValueError::new_err("cache events are off: call enable_events() first"))?;
+        super::events::step_events(slf.py(), &events)
+    }
+
+    /// Return every cached item as `(identifier, embeds, modality)`, sorted by identifier.
+    fn cached_items<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
+        let items = slf.try_borrow()?.cache.cached_items();
+        super::events::item_list(slf.py(), &items)
     }
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {

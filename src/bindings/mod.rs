@@ -7,6 +7,7 @@
 //! - `known_types`: vLLM's and our request and placeholder classes, recognised;
 //! - `request`: reading vLLM-shaped requests (and `is_embed` masks), with clear errors;
 //! - `state`: state dumps as plain Python data and back;
+//! - `events`: the core's cache events as Python data;
 //! - `records`: what a manager has read of each request object, with the core's handles;
 //! - `shared`: a manager's state and how it is borrowed;
 //! - `calls`, `step`: the per-call and the step-level methods' reads;
@@ -19,6 +20,7 @@
 mod calls;
 mod encoder_decoder;
 mod errors;
+mod events;
 #[cfg(feature = "test-hooks")]
 mod hooks;
 mod host_tier;

@@ -13,6 +13,7 @@ use hashbrown::{HashMap, HashSet};
 
 use super::entries::{Entry, Referrers};
 use super::errors::CacheError;
+use super::events::EventLog;
 use super::keys::{Handle, Key, KeyArg};
 use super::policies::{Entries, EvictionPolicy, Policy};
 use super::requests::{HeldInputs, RequestRefs};
@@ -45,6 +46,8 @@ pub struct PolicyCache<P: EvictionPolicy> {
     pub(crate) waiting_count: HashMap<Key, u32>,
     pub(crate) tally: Tally,
     pub(crate) ghosts: Ghosts,
+    /// Off (`None`) unless enabled: see `events`.
+    pub(crate) events: Option<Box<EventLog>>,
 }
 
 impl<P: EvictionPolicy> PolicyCache<P> {
@@ -61,6 +64,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
             waiting_count: HashMap::new(),
             tally: Tally::default(),
             ghosts: Ghosts::default(),
+            events: None,
         }
     }
 
@@ -280,10 +284,15 @@ impl<P: EvictionPolicy> PolicyCache<P> {
     }
 
     /// Forget everything (vLLM calls this when model weights change).
-    /// Lookahead marks and the memory of evicted items go too; the counters stay.
+    /// Lookahead marks and the memory of evicted items go too; the counters
+    /// and the event log stay, the log recording that the cache was cleared.
     pub fn reset(&mut self) {
         let tally = std::mem::take(&mut self.tally);
-        *self = Self { tally, ..Self::new(self.cache_size) };
+        let mut events = self.events.take();
+        if let Some(log) = events.as_deref_mut() {
+            log.record_cleared();
+        }
+        *self = Self { tally, events, ..Self::new(self.cache_size) };
     }
 
     /// The embedding count stored for `identifier`, if it is cached.
@@ -429,6 +438,9 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         if reencode {
             self.tally.reencode(modality, num_embeds);
         }
+        if let Some(log) = self.events.as_deref_mut() {
+            log.record_stored(&self.entries.get(e).key, hash);
+        }
         Ok(())
     }
 
@@ -488,7 +500,11 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         let mut freed = std::mem::take(&mut self.freed);
         let entries = &self.entries;
         freed.retain(|(key, hash)| entries.find_hashed(&KeyArg::from(key), *hash).is_none());
-        freed.into_iter().map(|(key, _)| key).collect()
+        let freed: Vec<Key> = freed.into_iter().map(|(key, _)| key).collect();
+        if let Some(log) = self.events.as_deref_mut() {
+            log.record_removed(&freed);
+        }
+        freed
     }
 
     /// Request slot `r` lets go of entry `e`; an entry left unreferenced

@@ -9,6 +9,7 @@ use hashbrown::HashMap;
 
 use super::core::PolicyCache;
 use super::errors::CacheError;
+use super::events::StepEvents;
 use super::keys::{Handle, Key, KeyArg};
 use super::policies::{Gdsf, Policy, S3Fifo, Vllm};
 use super::requests::HeldInputs;
@@ -234,6 +235,22 @@ impl EncoderCache {
 
     pub fn take_freed(&mut self) -> Vec<Key> {
         with_policy_cache!(self, c => c.take_freed())
+    }
+
+    pub fn enable_events(&mut self, max_pending: usize) {
+        with_policy_cache!(self, c => c.enable_events(max_pending));
+    }
+
+    pub fn events_enabled(&self) -> bool {
+        with_policy_cache!(self, c => c.events_enabled())
+    }
+
+    pub fn take_events(&mut self) -> Option<StepEvents> {
+        with_policy_cache!(self, c => c.take_events())
+    }
+
+    pub fn cached_items(&self) -> Vec<(Key, u64, u8)> {
+        with_policy_cache!(self, c => c.cached_items())
     }
 
     pub fn snapshot(&self) -> CacheState {

@@ -152,3 +152,51 @@ fn reset_returns_to_a_new_cache() {
     cache.reset_stats();
     assert_eq!(format!("{cache:?}"), format!("{:?}", EncoderCache::new(10)));
 }
+
+fn names(keys: &[Key]) -> Vec<&str> {
+    keys.iter().map(|k| &**k).collect()
+}
+
+#[test]
+fn the_event_log_records_storage_the_freed_report_and_resets_in_order() {
+    let mut cache = EncoderCache::new(32);
+    assert_eq!(cache.take_events(), None, "off by default");
+    cache.enable_events(DEFAULT_MAX_PENDING);
+    cache.allocate_tagged("a", 0, "x", 16, 1).unwrap();
+    cache.free("a");
+    assert!(cache.can_allocate(32, 100, 0)); // evicts x
+    cache.allocate_tagged("b", 0, "y", 32, 2).unwrap();
+    cache.free("b");
+    assert!(cache.can_allocate(16, 100, 0)); // evicts y
+    cache.allocate_tagged("c", 0, "x", 16, 1).unwrap(); // x again
+    assert_eq!(names(&cache.take_freed()), vec!["y"], "x is cached again: not reported");
+    let step = cache.take_events().unwrap();
+    assert!(!step.cleared);
+    assert_eq!(names(&step.removed), vec!["y"]);
+    // y was evicted after its allocation, x is stored once, at its first place.
+    assert_eq!(step.stored, vec![(Key::from("x"), 16, 1)]);
+    assert!(cache.take_events().unwrap().is_empty());
+    cache.allocate_tagged("d", 0, "z", 8, 3).unwrap();
+    cache.reset();
+    cache.allocate_tagged("e", 0, "w", 4, 0).unwrap();
+    let step = cache.take_events().unwrap();
+    assert!(step.cleared && step.removed.is_empty());
+    assert_eq!(step.stored, vec![(Key::from("w"), 4, 0)], "what was pending before the reset is gone");
+}
+
+#[test]
+fn an_undrained_log_overflows_into_a_clear_and_the_cached_entries() {
+    let mut cache = EncoderCache::with_policy(100, Policy::Gdsf);
+    cache.enable_events(3);
+    for n in 0..5 {
+        cache.allocate_tagged(format!("r{n}").as_str(), 0, format!("i{n}").as_str(), 10, 1).unwrap();
+    }
+    cache.free("r0");
+    cache.resize(40).unwrap(); // evicts i0
+    cache.take_freed();
+    let step = cache.take_events().unwrap();
+    assert!(step.cleared && step.removed.is_empty());
+    assert_eq!(step.stored, cache.cached_items());
+    assert_eq!(names(&step.stored.iter().map(|(k, _, _)| k.clone()).collect::<Vec<_>>()), vec!["i1", "i2", "i3", "i4"]);
+    assert!(cache.take_events().unwrap().is_empty(), "the next drain is incremental again");
+}

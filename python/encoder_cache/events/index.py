@@ -60,6 +60,17 @@ class CacheIndex:
             cache.gaps += 1
             return False
         _, events, _ = wire.decode_batch(payload)
+        return self.apply_events(name, seq, events)
+
+    def apply_events(self, name: object, seq: int, events: list[dict]) -> bool:
+        """``apply`` for a batch already decoded (its ``events`` list), e.g. one
+        that never left the process (the simulator's routers)."""
+        cache = self.engine(name)
+        if seq <= cache.seq:
+            return True
+        if seq != cache.seq + 1:
+            cache.gaps += 1
+            return False
         self._apply_events(cache, events)
         if seq == 0:
             cache.complete = True

@@ -25,6 +25,7 @@ imports this package.
 """
 
 from encoder_cache.reference.encoder_decoder import EncoderDecoderCacheManager
+from encoder_cache.reference.event_log import DEFAULT_MAX_PENDING as EVENT_LOG_MAX_PENDING
 from encoder_cache.reference.manager import EVICTED_MEMORY, STAT_COUNTERS, EncoderCacheManager
 from encoder_cache.reference.policies import (
     GDSF_COST_SCALE,
@@ -39,6 +40,7 @@ from encoder_cache.reference.policies import (
 from encoder_cache.reference.variants import AnyScanEncoderCacheManager, PreFixEncoderCacheManager
 
 __all__ = [
+    "EVENT_LOG_MAX_PENDING",
     "EVICTED_MEMORY",
     "GDSF_COST_SCALE",
     "POLICIES",

@@ -9,6 +9,7 @@ from typing import Any
 
 from encoder_cache.invariants import InvariantError
 from encoder_cache.reference.checks import count, request_str, rust_debug
+from encoder_cache.reference.event_log import DEFAULT_MAX_PENDING, EventLog
 from encoder_cache.reference.policies import POLICIES, EvictionPolicy, make_policy
 from encoder_cache.reference.request_fields import (
     input_index,
@@ -80,6 +81,7 @@ class EncoderCacheManager(StepLevelAPI):
         self._tier_len = [0, 0]
         self.modality: dict[str, str] = {}  # cached entry -> modality at allocation
         self._evicted: OrderedDict[str, None] = OrderedDict()
+        self._events: EventLog | None = None  # off until enable_events()
         self.reset_stats()
 
     @property
@@ -135,6 +137,8 @@ class EncoderCacheManager(StepLevelAPI):
         self._policy.reset()
         self.num_free_slots = self._cache_size
         self.num_freeable_slots = self._cache_size
+        if self._events is not None:
+            self._events.record_cleared()
 
     # Lookahead.
 
@@ -292,6 +296,8 @@ class EncoderCacheManager(StepLevelAPI):
         self._count(modality, "misses", "miss_embeds", num_embeds)
         if self._evicted.pop(mm_hash, 0) is None:
             self._count(modality, "reencodes", "reencode_embeds", num_embeds)
+        if self._events is not None:
+            self._events.record_stored(mm_hash)
 
     @property
     def request_cached_ids(self) -> dict[str, set[int]]:
@@ -368,7 +374,37 @@ class EncoderCacheManager(StepLevelAPI):
     def get_freed_mm_hashes(self) -> list[str]:
         freed = [mm_hash for mm_hash in self.freed if mm_hash not in self.cached]
         self.freed = []
+        if self._events is not None:
+            self._events.record_removed(freed)
         return freed
+
+    # Cache events (not part of the state: a restored manager has them off).
+
+    def enable_events(self, max_pending: int | None = None) -> None:
+        """Start recording cache events for ``take_step_events()``; at most
+        ``max_pending`` identifiers (default 65,536) wait before the log overflows."""
+        max_pending = DEFAULT_MAX_PENDING if max_pending is None else count(max_pending, "max_pending")
+        if self._events is None:
+            self._events = EventLog(max_pending)
+        else:
+            self._events.set_max_pending(max_pending)
+
+    def take_step_events(self) -> tuple[bool, list[str], list[tuple[str, int, str]]]:
+        """``(cleared, removed, stored)`` since the last call (see the Rust manager's docstring)."""
+        if self._events is None:
+            raise ValueError("cache events are off: call enable_events() first")
+        overflowed, cleared, removed, pending = self._events.drain()
+        if overflowed:
+            return True, [], self.cached_items()
+        stored: dict[str, tuple[str, int, str]] = {}
+        for mm_hash in pending:
+            if mm_hash in self.num_embeds_by_hash and mm_hash not in stored:
+                stored[mm_hash] = (mm_hash, self.num_embeds_by_hash[mm_hash], self.modality[mm_hash])
+        return cleared, removed, list(stored.values())
+
+    def cached_items(self) -> list[tuple[str, int, str]]:
+        """Every cached item as ``(identifier, embeds, modality)``, sorted by identifier."""
+        return [(mm_hash, self.num_embeds_by_hash[mm_hash], self.modality[mm_hash]) for mm_hash in sorted(self.cached)]
 
     def get_manager_metadata(self) -> None:
         return None

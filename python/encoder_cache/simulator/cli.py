@@ -19,6 +19,8 @@ from typing import Any, TextIO
 from encoder_cache.simulator import oracle
 from encoder_cache.simulator.cost import DEFAULT_PER_EMBED_SQ_US, DEFAULT_PER_EMBED_US, EncoderCost
 from encoder_cache.simulator.engine import simulate
+from encoder_cache.simulator.host_search import HostSection, fill_host
+from encoder_cache.simulator.host_tier import HOST_POLICIES
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.options import (
     DEFAULT_SIZES,
@@ -34,6 +36,8 @@ from encoder_cache.simulator.plot import plot
 from encoder_cache.simulator.progress import Progress
 from encoder_cache.simulator.report import Report
 from encoder_cache.simulator.results import SimulationError
+from encoder_cache.simulator.routing_cli import check_routing_flags, run_routing
+from encoder_cache.simulator.routing_report import RoutingReport
 from encoder_cache.simulator.sweep import Engine, Runner, fill, planned_runs
 from encoder_cache.simulator.trace import TraceError, TraceWorkload, write_trace
 from encoder_cache.simulator.variants import (
@@ -156,6 +160,31 @@ def _variants(args: argparse.Namespace) -> list[Variant]:
     return variants
 
 
+def _host_tiers(args: argparse.Namespace, bytes_per_embed: int, basis: str) -> tuple[list[int], list[str]] | None:
+    """The host-tier sizes (bytes) and policies asked for, or None."""
+    if args.host_cache_gib is None:
+        if args.host_policy is not None:
+            raise UsageError("--host-policy needs --host-cache-gib: the host tier's sizes")
+        return None
+    if args.behaviour is not None:
+        raise UsageError("--behaviour compares release behaviours without a host tier: drop --host-cache-gib")
+    if args.engine == "vllm":
+        raise UsageError(
+            "--host-cache-gib: the host tier runs in the built-in model only; the vLLM engine does not drive "
+            "vLLM's ECCPUConnector (drop --engine vllm)"
+        )
+    policies = args.host_policy or list(HOST_POLICIES)
+    unknown = [p for p in policies if p not in HOST_POLICIES]
+    if unknown:
+        raise UsageError(f"--host-policy {unknown[0]}: unknown; choose from {', '.join(HOST_POLICIES)}")
+    sizes = [round(gib * (1 << 30)) for gib in args.host_cache_gib]
+    if min(sizes) < bytes_per_embed:
+        raise UsageError(
+            f"--host-cache-gib {min(args.host_cache_gib):g}: holds no embedding of {bytes_per_embed:,} bytes ({basis})"
+        )
+    return sorted(set(sizes)), policies
+
+
 def _engine(args: argparse.Namespace) -> Engine:
     """The function that runs one variant: the built-in model, or vLLM's own scheduler."""
     if args.engine != "vllm":
@@ -200,7 +229,51 @@ def _max_tokens(workload: Any) -> int:
     return workload.max_tokens() or 0
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> Report | None:
+def _run_routing(
+    args: argparse.Namespace,
+    out: TextIO,
+    limits: SchedulerLimits,
+    cost: EncoderCost,
+    bytes_per_embed: int,
+    step_seconds: float,
+) -> RoutingReport | None:
+    cache_sizes = None
+    if args.cache_sizes is not None:
+        try:
+            cache_sizes = args.cache_sizes.embeds(bytes_per_embed)
+        except ValueError as exc:
+            raise UsageError(f"--cache-sizes: {exc}") from None
+
+    def workload() -> Any:
+        loaded = _workload(args, step_seconds)
+        if _max_tokens(loaded) > limits.kv_tokens:
+            raise UsageError(
+                f"a request needs more tokens of KV cache than the {limits.kv_tokens:,} --kv-capacity "
+                f"{limits.kv_capacity:,} holds; raise it or shrink the workload"
+            )
+        if not loaded.max_embeds_per_item():
+            out.write(f"{loaded.describe()}: no request has a multimodal item: nothing to route by.\n")
+            return None
+        return loaded
+
+    try:
+        return run_routing(
+            args,
+            out,
+            limits=limits,
+            cost=cost,
+            bytes_per_embed=bytes_per_embed,
+            step_seconds=step_seconds,
+            cache_sizes=cache_sizes,
+            workload=workload,
+        )
+    except ValueError as exc:
+        raise UsageError(flagged(str(exc))) from None
+
+
+def run(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> Report | RoutingReport | None:
     """Run what ``args`` describe; the report goes to ``out`` (stdout), the
     progress bar to ``err`` (stderr) when it is a terminal."""
     out = sys.stdout if out is None else out
@@ -228,6 +301,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         )
         raise UsageError(flagged(message)) from None
     bytes_per_embed, basis = _memory(args)
+    host_tiers = _host_tiers(args, bytes_per_embed, basis)
+    unrouted = check_routing_flags(args)
+    if unrouted is not None:
+        raise UsageError(unrouted)
+    if args.replicas is not None:
+        if host_tiers is not None:
+            raise UsageError("--host-cache-gib sizes one engine's host tier: drop --replicas")
+        return _run_routing(args, out, limits, cost, bytes_per_embed, step_seconds)
     engine = _engine(args)
     jobs = (1 if args.engine == "vllm" else min(2, os.cpu_count() or 1)) if args.jobs is None else args.jobs
     if jobs <= 0:
@@ -235,6 +316,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     export = None if args.export_trace is None else _writable_file("--export-trace", args.export_trace, None)
     variants = [] if export is not None else _variants(args)
     plot_path = None
+    if host_tiers is not None and export is not None:
+        raise UsageError("--host-cache-gib runs a simulation; --export-trace only writes the workload")
     if args.plot is not None:
         if export is not None:
             raise UsageError("--plot draws a simulation; --export-trace only writes the workload")
@@ -283,6 +366,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             "memory; --policy oracle asks for it)"
         )
     _, default_size = limits.encoder_budget(workload.max_embeds_per_item())
+    if host_tiers is not None:
+        item = max(workload.max_embeds_per_item().values())
+        if min(host_tiers[0]) // bytes_per_embed < item:
+            raise UsageError(
+                f"--host-cache-gib {min(args.host_cache_gib):g}: holds {min(host_tiers[0]) // bytes_per_embed:,} "
+                f"embeddings, fewer than the largest item's {item:,} (vLLM's host region refuses such an item)"
+            )
     report = Report(
         description,
         limits,
@@ -293,6 +383,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         behaviour=args.behaviour is not None,
         engine=args.engine,
         notes=notes,
+        host=None if host_tiers is None else HostSection(step_seconds),
     )
     sweep = not args.no_sweep and args.behaviour is None
     explicit = args.cache_sizes is not None
@@ -304,6 +395,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     runner = Runner(workload, limits, cost, args.check, jobs, bar, engine)
     try:
         fill(report, runner, variants, sizes, sweep, explicit)
+        if host_tiers is not None:
+            gpu_sizes = [None] if cache_sizes is None else list(dict.fromkeys([None, *sizes]))
+            fill_host(report, report.host, runner, *host_tiers, sweep, gpu_sizes)
     except ValueError as exc:
         raise UsageError(flagged(str(exc))) from None
     finally:

@@ -16,6 +16,11 @@ set as ``encoder_cache.vllm``'s scheduler subclasses set them. What each item
 occurrence cost is counted by ``ledger.py``; ``check=True`` also verifies the
 cache's accounting after every step. Arrivals come from ``arrivals.py``, the
 manager from ``variants.py``; the result is a ``results.RunResult``.
+
+With a host tier (``host_tier.py``) an item the GPU encoder cache lacks is
+loaded from host memory when the tier holds it ready, instead of encoded; the
+tier saves what the GPU encodes, and the worker's copies of a step end when
+its output is processed.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 from encoder_cache.simulator import checks, oracle
 from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
+from encoder_cache.simulator.host_tier import HostTierModel
 from encoder_cache.simulator.ledger import Ledger
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.prefix_cache import BLOCK_SIZE, BlockHasher, BlockPool
@@ -101,11 +107,12 @@ def _blocks_for(tokens: int) -> int:
 class _Batch:
     """One scheduled step: ``(request, tokens, samples a token)`` per scheduled request."""
 
-    __slots__ = ("entries", "tokens")
+    __slots__ = ("entries", "host_work", "tokens")
 
     def __init__(self) -> None:
         self.entries: list[tuple[_Live, int, bool]] = []
         self.tokens = 0
+        self.host_work: Any = None  # the host tier's saves and loads of this step
 
 
 class _Run:
@@ -120,8 +127,10 @@ class _Run:
         observer: Any,
         check: bool,
         progress: Callable[[int], None] | None,
+        host: HostTierModel | None = None,
     ) -> None:
         self.limits = limits
+        self.host = host
         self.manager = manager
         self.encoder_compute_budget = encoder_compute_budget
         self.lookahead = lookahead
@@ -136,6 +145,8 @@ class _Run:
         self.finished_since_schedule = False
         self.running: list[_Live] = []
         self.waiting: deque[_Live] = deque()
+        self.batches: deque[_Batch] = deque()  # scheduled steps whose output is not processed yet
+        self.idle = 0  # steps in a row that scheduled nothing
         self.arrivals = Arrivals(specs)
         self.prompts = Prompts()
         #: Recent sessions' last requests: a turn reuses its prefix's block hashes (a bounded cache, not state).
@@ -192,10 +203,11 @@ class _Run:
     # its output processed; with async scheduling a batch queue two deep
     # schedules the next step before processing the previous one's output.
 
-    def run(self) -> None:
-        batches: deque[_Batch] = deque()
-        idle = 0
-        while True:
+    def run(self, until: int | None = None) -> None:
+        """Run the workload to its end; or, for a driver feeding ``arrivals`` (whose
+        ``next_event()`` then gives ``until`` when nothing else is due), up to step ``until``."""
+        batches = self.batches
+        while until is None or self.clock < until:
             self._read_arrivals()
             if not self.running and not self.waiting and not batches:
                 when = self.arrivals.next_event()
@@ -219,10 +231,10 @@ class _Run:
                 if batch.tokens:
                     self.counters.steps += 1
                     self.counters.waiting_steps += waiting
-                    idle = 0
+                    self.idle = 0
                 else:
-                    idle += 1
-                    if idle > 2 * self.depth:
+                    self.idle += 1
+                    if self.idle > 2 * self.depth:
                         raise SimulationError(
                             f"the scheduler stalled at step {self.counters.steps}: "
                             f"{len(self.running)} running and {len(self.waiting)} waiting requests, none schedulable"
@@ -234,10 +246,18 @@ class _Run:
             if batches:
                 self._update(batches.pop())
             self._tick()
+        else:
+            return  # paused at ``until``
         if self.check:
             checks.released(self.manager, self.pool)
         if self.progress is not None:
             self.progress(self.counters.requests)
+
+    def earliest_finish(self) -> int | None:
+        """The earliest step at which a request in flight can finish (a step
+        processes at most one token of each request), or None when none is in flight."""
+        left = [live.spec.output_tokens - live.num_output for live in (*self.running, *self.waiting)]
+        return self.clock + max(min(left) - 1, 0) if left else None
 
     def _tick(self) -> None:
         self.clock += 1
@@ -304,16 +324,21 @@ class _Run:
 
     def _try_schedule(
         self, live: _Live, computed: int, num_new_tokens: int, budget: int
-    ) -> tuple[int, list[int], int, list[int]]:
-        """``(num_new_tokens, to_encode, budget_after, repeated)`` for the request."""
+    ) -> tuple[int, list[int], int, list[int], list[int]]:
+        """``(num_new_tokens, to_encode, budget_after, repeated, to_load)`` for the request."""
         if not live.starts or live.ends[-1] <= computed:
-            return num_new_tokens, [], budget, []
+            return num_new_tokens, [], budget, [], []
         start = perf_counter()
-        to_encode, num_new_tokens, budget, _, repeated = self.manager.try_schedule_encoder_inputs(
-            live.request, computed, num_new_tokens, budget
-        )
+        if self.host is None:
+            to_encode, num_new_tokens, budget, to_load, repeated = self.manager.try_schedule_encoder_inputs(
+                live.request, computed, num_new_tokens, budget
+            )
+        else:
+            to_encode, num_new_tokens, budget, to_load, repeated = self.manager.try_schedule_encoder_inputs(
+                live.request, computed, num_new_tokens, budget, has_remote_item=self.host.has_cache_item
+            )
         self.bookkeeping += perf_counter() - start
-        return num_new_tokens, to_encode, budget, repeated
+        return num_new_tokens, to_encode, budget, repeated, to_load
 
     def _schedule(self) -> _Batch:
         """vLLM 0.33's ``Scheduler.schedule()`` for one full-attention KV group."""
@@ -332,7 +357,9 @@ class _Run:
                 index += 1  # async: its last token is already scheduled
                 continue
             num_new = min(live.num_tokens + live.placeholders - computed, token_budget)
-            num_new, to_encode, budget_after, repeated = self._try_schedule(live, computed, num_new, encoder_budget)
+            num_new, to_encode, budget_after, repeated, to_load = self._try_schedule(
+                live, computed, num_new, encoder_budget
+            )
             if num_new == 0:
                 index += 1
                 continue
@@ -353,7 +380,7 @@ class _Run:
             token_budget -= num_new
             if to_encode:
                 encoder_budget = budget_after
-            self._start(live, num_new, to_encode, repeated, batch)
+            self._start(live, num_new, to_encode, repeated, batch, to_load)
             index += 1
         if not preempted:
             skipped: list[_Live] = []
@@ -368,7 +395,9 @@ class _Run:
                 cached = pool.longest_prefix(live.hasher.upto((live.num_tokens - 1) // BLOCK_SIZE))
                 computed = len(cached) * BLOCK_SIZE
                 num_new = min(live.num_tokens - computed, token_budget)
-                num_new, to_encode, budget_after, repeated = self._try_schedule(live, computed, num_new, encoder_budget)
+                num_new, to_encode, budget_after, repeated, to_load = self._try_schedule(
+                    live, computed, num_new, encoder_budget
+                )
                 if num_new == 0:
                     skipped.append(self.waiting.popleft())
                     continue
@@ -400,12 +429,14 @@ class _Run:
                 token_budget -= num_new
                 if to_encode:
                     encoder_budget = budget_after
-                self._start(live, num_new, to_encode, repeated, batch)
+                self._start(live, num_new, to_encode, repeated, batch, to_load)
             self.waiting.extendleft(reversed(skipped))
         start = perf_counter()
         freed = self.manager.get_freed_mm_hashes()
         self.bookkeeping += perf_counter() - start
         self.counters.evictions += len(freed)
+        if self.host is not None:
+            batch.host_work = self.host.take_step()
         # After the step is scheduled: the requests advance; one that is past
         # its prompt samples a token (with async scheduling a placeholder
         # stands for it until the step's output comes back).
@@ -439,21 +470,35 @@ class _Run:
         to_encode: list[int],
         repeated: list[int],
         batch: _Batch,
+        to_load: list[int],
     ) -> None:
         """Commit ``num_new`` tokens of ``live`` to this step and account for its items."""
         batch.entries.append((live, num_new, False))
         batch.tokens += num_new
         request = live.request
-        if to_encode:
+        if to_encode or to_load:
             start = perf_counter()
-            self.manager.allocate_encoder_inputs(request, to_encode, repeated)
+            self.manager.allocate_encoder_inputs(request, to_encode + to_load if to_load else to_encode, repeated)
             self.bookkeeping += perf_counter() - start
+            if self.host is not None:
+                self._host_alloc(live, to_encode, to_load)
         computed = request.num_computed_tokens
         first, last = self.ledger.scheduled(
             live.spec, live.served, live.starts, live.ends, computed, num_new, to_encode
         )
         if self.check and (first < last or to_encode):
             checks.window(self.manager, request, first, last, to_encode)
+
+    def _host_alloc(self, live: _Live, to_encode: list[int], to_load: list[int]) -> None:
+        """The host tier's part of an allocation, in vLLM's order: encoded items, then loaded ones."""
+        host, items, served = self.host, live.spec.items, live.served
+        assert host is not None
+        host.missed(len(to_encode))
+        for i in to_encode:
+            host.after_alloc(items[i].identifier, items[i].length)
+        for i in to_load:
+            host.after_alloc(items[i].identifier, items[i].length)
+            served[i] = True  # loaded: neither encoded nor a hit of the GPU cache
 
     def _preempt(self, live: _Live) -> None:
         start = perf_counter()
@@ -474,6 +519,8 @@ class _Run:
     def _update(self, batch: _Batch) -> None:
         """vLLM's ``update_from_output`` for a processed step: sampled tokens are
         appended, consumed encoder inputs freed, finished requests released."""
+        if batch.host_work is not None:
+            self.host.completed(batch.host_work)  # type: ignore[union-attr]
         finished = False
         for live, num_new, samples in batch.entries:
             live.in_flight -= num_new
@@ -534,13 +581,15 @@ def simulate(
     check: bool = False,
     progress: Callable[[int], None] | None = None,
     observer: Any = None,
+    host: HostTierModel | None = None,
 ) -> RunResult:
     """Replay ``workload`` (a generated ``Workload`` or a ``TraceWorkload``)
     through the scheduler with one manager variant.
 
     ``cache_size`` overrides the encoder cache size vLLM would derive;
     ``progress`` is called now and then with the number of finished requests;
-    ``observer`` is told when each item occurrence is served (the oracle's first pass).
+    ``observer`` is told when each item occurrence is served (the oracle's first pass);
+    ``host`` replaces the host-tier model the variant's ``host`` would build.
     ``simulate(workload, limits, implementation, behaviour)`` (two names) runs
     the manager ``MANAGERS`` holds for them.
     """
@@ -551,6 +600,15 @@ def simulate(
     compute_budget, derived_size = limits.encoder_budget(workload.max_embeds_per_item())
     size = derived_size if cache_size is None else max(cache_size, *workload.max_embeds_per_item().values(), 1)
     future = None
+    if host is None and variant.host is not None:
+        host = HostTierModel(variant.host)
+    if host is not None and variant.policy == "oracle":
+        raise ValueError("the oracle runs without a host tier")
+    if host is not None and host.tier.num_blocks < max(workload.max_embeds_per_item().values()):
+        raise ValueError(
+            f"a host tier of {host.tier.num_blocks:,} blocks cannot hold the largest item "
+            f"({max(workload.max_embeds_per_item().values()):,} embeddings): vLLM's host region refuses it"
+        )
     if variant.policy == "oracle":
         recorder = oracle.Recorder()
         simulate(workload, limits, Variant(), cache_size=size, cost=cost, observer=recorder)
@@ -567,12 +625,30 @@ def simulate(
         observer,
         check,
         progress,
+        host,
     )
     start = perf_counter()
     run.run()
     wall = perf_counter() - start
     stats = manager.stats() if hasattr(manager, "stats") else None
-    return RunResult(variant, compute_budget, size, run.counters, run.bookkeeping, wall, stats)
+    counters = None if host is None else host.counters
+    return RunResult(variant, compute_budget, size, run.counters, run.bookkeeping, wall, stats, counters)
+
+
+def steppable(
+    arrivals: Any,
+    limits: SchedulerLimits,
+    manager: Any,
+    budget: int,
+    cost: EncoderCost,
+    *,
+    lookahead: bool,
+    check: bool,
+) -> _Run:
+    """A run fed by ``arrivals`` (``Arrivals``' interface) that a driver advances with ``run(until)`` (``cluster.py``)."""
+    run = _Run(iter(()), limits, manager, budget, cost, lookahead, None, check, None)
+    run.arrivals = arrivals
+    return run
 
 
 def _checked(specs: Iterator[RequestSpec], limits: SchedulerLimits) -> Iterator[RequestSpec]:

@@ -71,6 +71,16 @@ def _range(text: str) -> tuple[int, int]:
     return values[0], values[1]
 
 
+def _gib_list(text: str) -> list[float]:
+    try:
+        values = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected GiB sizes > 0, such as 4,16,64, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
 def _weights(text: str) -> tuple[float, float, float]:
     try:
         values = tuple(_float(p) for p in text.split(":"))
@@ -278,6 +288,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead of policies, compare release behaviours of the vllm policy (python): fixed (vLLM 0.33), "
         "prefix (before vLLM PR #54284's fix), scan (the fix as first written); e.g. fixed,prefix",
     )
+    host = parser.add_argument_group("host-memory tier (vLLM's ECCPUConnector, as encoder_cache's HostTierConnector)")
+    host.add_argument(
+        "--host-cache-gib",
+        type=_gib_list,
+        metavar="LIST",
+        help="also run vLLM's default GPU encoder cache with a host tier of each of these sizes, in GiB "
+        "(e.g. 4,16,64), and let the recommendation search host tiers too (default: no host tier)",
+    )
+    host.add_argument(
+        "--host-policy",
+        type=_names,
+        metavar="LIST",
+        help="the host tier's eviction policies to show, from encoder_cache.HOST_POLICIES "
+        "(default: all; the recommendation tries all)",
+    )
     source = parser.add_argument_group("traffic")
     source.add_argument("--trace", metavar="FILE.jsonl", help="replay this trace instead of a built-in workload")
     source.add_argument(
@@ -350,4 +375,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="model",
         help="model: the built-in scheduler model (fast, no vLLM needed); vllm: replay through vLLM 0.33's "
         "own scheduler on CPU (needs vLLM installed; no GPU, no weights) (default: model)",
+    )
+    routing = parser.add_argument_group("routing across replicas (--replicas)")
+    routing.add_argument(
+        "--replicas",
+        type=_int,
+        metavar="N",
+        help="instead of the policy comparison, run N replicas (each its own scheduler, KV cache and encoder "
+        "cache) behind a router and compare the routing choices",
+    )
+    routing.add_argument(
+        "--routing",
+        type=_names,
+        metavar="LIST",
+        help="routing choices: round-robin, least-loaded, lru-guess (llm-d's router-side LRU of placed item "
+        "hashes), cache-aware (the replicas' exact cache events), cache-aware+placed (the events plus the "
+        "router's unfinished placements) (default: all)",
+    )
+    routing.add_argument(
+        "--overload-slack",
+        type=_int,
+        metavar="N",
+        help="the cache routers skip a replica with more than N requests above the least-loaded one (default: 8)",
+    )
+    routing.add_argument(
+        "--guess-entries",
+        type=_int,
+        metavar="N",
+        help="item hashes the LRU guess keeps per replica (default: 2048, llm-d's 4,096 MB per server at "
+        "2 MiB per entry)",
+    )
+    routing.add_argument(
+        "--no-sticky-sessions",
+        action="store_true",
+        help="route every session turn afresh (by default a session stays on the replica of its first request)",
     )

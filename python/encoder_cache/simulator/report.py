@@ -85,6 +85,8 @@ class Report:
     behaviour: bool = False
     #: Lines printed after the header (what was left out, and why).
     notes: list[str] = field(default_factory=list)
+    #: The host-tier runs (a ``host_search.HostSection``), when a host tier was asked for.
+    host: Any = None
     #: Which engine ran the workload: the built-in ``model`` or ``vllm``'s own scheduler.
     engine: str = "model"
 
@@ -359,7 +361,11 @@ class Report:
             if self.headline:
                 lines.append("")
             lines += self.sweep_table()
+        if self.host is not None and self.host.table:
+            lines += ["", *self.host.table_lines(self)]
         recommendation = self.recommendation_lines()
+        if self.host is not None:
+            recommendation += self.host.recommendation_lines(self)
         if recommendation:
             lines += ["", *recommendation]
         return "\n".join(lines)
@@ -368,9 +374,12 @@ class Report:
 
     def to_json(self, config: Any) -> dict[str, Any]:
         def run(r: RunResult) -> dict[str, Any]:
+            variant = asdict(r.variant)
+            if r.variant.host is None:
+                del variant["host"]
             return {
                 "name": r.name,
-                "variant": asdict(r.variant),
+                "variant": variant,
                 "encoder_cache_size": r.encoder_cache_size,
                 "encoder_cache_bytes": r.encoder_cache_size * self.bytes_per_embed,
                 "encoder_compute_budget": r.encoder_compute_budget,
@@ -385,6 +394,7 @@ class Report:
 
         best = self.best()
         by_size = sorted(self.sweep, key=lambda r: (r.encoder_cache_size, r.name))
+        host = {} if self.host is None else {"host_tier": self.host.to_json(self, run)}
         return {
             "workload": config,
             "engine": self.engine,
@@ -402,4 +412,5 @@ class Report:
             "no_prefix_caching": run(self.no_prefix) if self.no_prefix is not None else None,
             "recommendation": self.recommendation(),
             "recommendation_text": "\n".join(self.recommendation_lines()) or None,
+            **host,
         }

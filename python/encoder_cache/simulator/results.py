@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from encoder_cache.simulator.host_tier import HostTierCounters
 from encoder_cache.simulator.variants import Variant
 
 __all__ = ["Counters", "RunResult", "SimulationError"]
@@ -98,6 +99,8 @@ class RunResult:
     wall_seconds: float
     #: The manager's own ``stats()`` at the end, where it has them.
     manager_stats: dict[str, Any] | None = None
+    #: What the host tier did, when the variant has one.
+    host: HostTierCounters | None = None
 
     @property
     def name(self) -> str:

@@ -130,6 +130,10 @@ class Runner:
         finally:
             pool.join()
 
+    def new_runs(self, wanted: list[Job]) -> int:
+        """How many of ``wanted`` have not run yet."""
+        return len({k for k in map(self._key, wanted) if k not in self.done})
+
     def grow(self, runs: int) -> None:
         """``runs`` more runs than planned: the progress bar's total grows."""
         if self.bar is not None:

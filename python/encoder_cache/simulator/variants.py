@@ -12,6 +12,7 @@ from typing import Any
 import encoder_cache
 from encoder_cache import _core, reference
 from encoder_cache.simulator import oracle
+from encoder_cache.simulator.host_tier import HostTier
 
 __all__ = [
     "BEHAVIOURS",
@@ -54,7 +55,7 @@ def supports_lookahead(implementation: str = "rust") -> bool:
 @dataclass(frozen=True)
 class Variant:
     """One manager configuration: an eviction policy (or ``oracle``), lookahead
-    marks or not, the implementation, and the release behaviour."""
+    marks or not, the implementation, the release behaviour, and a host tier or none."""
 
     policy: str = "vllm"
     lookahead: bool = False
@@ -62,12 +63,15 @@ class Variant:
     behaviour: str = "fixed"
     #: The name to show, when the policy alone does not tell variants apart.
     label: str | None = None
+    #: A host-memory tier behind the GPU encoder cache (vLLM's ECCPUConnector), or none.
+    host: HostTier | None = None
 
     @property
     def name(self) -> str:
         if self.label is not None:
             return self.label
-        return self.policy + ("+lookahead" if self.lookahead else "")
+        name = self.policy + ("+lookahead" if self.lookahead else "")
+        return name if self.host is None else f"{name} + {self.host.label}"
 
     def manager(self, cache_size: int, future: Any = None) -> Any:
         if self.behaviour != "fixed":
