@@ -500,6 +500,8 @@ def _everything_compared() -> str:
     seen += _mask_errors()[:1]
     # Names both sides spell because they are the API: classes, and the request's fields.
     seen += [RUST.__name__, RUST_ENC_DEC.__name__, "num_computed_tokens"]
+    # The request classes the bindings recognise by module and name (see test_known_request_classes).
+    seen += [f"{cls.__module__}.{cls.__qualname__}" for cls in KNOWN_CLASSES]
     # The host tier's block cache: its names and the counters encoder_cache.host_tier logs.
     seen += [encoder_cache.HostBlockCache.__name__, "HOST_POLICIES", *encoder_cache.HostBlockCache(1).stats()]
     return "\n".join(seen)
@@ -511,6 +513,28 @@ def test_host_tier_names_and_counters():
     assert "HOST_POLICIES" in encoder_cache.__all__ and "HostBlockCache" in encoder_cache.__all__
     logged = {"pins", "allocs", "alloc_failures", "evictions", "entries", "free_blocks"}
     assert logged <= set(encoder_cache.HostBlockCache(1).stats())
+
+
+KNOWN_CLASSES = (encoder_cache.Request, encoder_cache.MultiModalFeature, encoder_cache.PlaceholderRange)
+
+
+def test_known_request_classes():
+    """The bindings read an unmasked item's size from the placeholder for these classes, named in Rust
+    by module and qualified name: a subclass is asked through get_num_encoder_embeds as before."""
+    assert [(cls.__module__, cls.__qualname__) for cls in KNOWN_CLASSES] == [
+        ("encoder_cache.request", "Request"),
+        ("encoder_cache.request", "MultiModalFeature"),
+        ("encoder_cache.request", "PlaceholderRange"),
+    ]
+
+    class Asked(encoder_cache.Request):
+        def get_num_encoder_embeds(self, input_id: int) -> int:
+            return 3
+
+    feature = encoder_cache.MultiModalFeature("a", encoder_cache.PlaceholderRange(0, 8))
+    manager = RUST(8)
+    assert manager.can_allocate(encoder_cache.Request("r", [feature]), 0, 8, 5) is False, "8 embeddings beside 5"
+    assert manager.can_allocate(Asked("s", [feature]), 0, 8, 5) is True, "the subclass's 3 embeddings"
 
 
 def test_every_shared_string_is_compared():

@@ -20,9 +20,10 @@ use pyo3::pyclass::boolean_struct::False;
 use pyo3::types::PyString;
 use pyo3::PyClass;
 
+use super::known_types::is_known;
 use super::manager::PyEncoderCacheManager;
 use super::records::RequestRecord;
-use super::request::{feature, identifier_of, modality_of, num_embeds, request_id};
+use super::request::{feature, identifier_of, known_unmasked_length, modality_of, num_embeds, num_embeds_of, request_id};
 use super::shared::{write, ManagerState};
 use crate::cache::{hash_key, EncoderCache, Key, KeyArg};
 
@@ -137,9 +138,21 @@ struct CallReads<'py> {
 impl<'py> CallReads<'py> {
     /// Reads what `needs` asks for, in vLLM's order (the identifier's error
     /// comes before the request id's).
+    ///
+    /// A request and item of vLLM's or our own classes (see `known_types`)
+    /// have every fact of the item read at its first sight, as plain
+    /// attribute reads that run no Python code: the item's later calls find
+    /// them recorded.
     fn read(request: &Bound<'py, PyAny>, input_id: usize, feature: &Bound<'py, PyAny>, needs: Needs) -> PyResult<Self> {
         let mut reads = Self::default();
-        if needs.identifier {
+        let eager = (needs.identifier || needs.num_embeds || needs.modality) && is_known(request) && is_known(feature);
+        if eager {
+            let key = Key::from(identifier_of(feature)?.to_str()?);
+            reads.identifier = Some((key.clone(), hash_key(&key)));
+            reads.modality = Some(modality_of(feature)?);
+            reads.num_embeds = known_unmasked_length(feature);
+        }
+        if needs.identifier && reads.identifier.is_none() {
             let key = Key::from(identifier_of(feature)?.to_str()?);
             reads.identifier = Some((key.clone(), hash_key(&key)));
         }
@@ -153,10 +166,11 @@ impl<'py> CallReads<'py> {
             },
             IdRead::Always => Some(request_id(request)?),
         };
-        if needs.num_embeds {
-            reads.num_embeds = Some(num_embeds(request, input_id)?);
+        if needs.num_embeds && reads.num_embeds.is_none() {
+            // A masked item of known classes, or classes not known: as the request answers.
+            reads.num_embeds = Some(if eager { num_embeds(request, input_id)? } else { num_embeds_of(request, input_id, feature)? });
         }
-        if needs.modality {
+        if needs.modality && reads.modality.is_none() {
             reads.modality = Some(modality_of(feature)?);
         }
         Ok(reads)

@@ -166,9 +166,30 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
     }
 
     /// Return the input ids the request holds in the cache, as a new set.
+    ///
+    /// The request's record keeps the last set it answered with: while the
+    /// request holds the same inputs, the answer is a copy of it (a table
+    /// copy, where building a set hashes and inserts every id).
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let py = slf.py();
-        // Built under the borrow: adding ints to a set runs no Python code.
+        // Built and copied under the borrow: a set of ints runs no Python code.
+        let mut guard = slf.try_borrow_mut()?;
+        let state: &mut ManagerState<EncoderCache> = &mut guard;
+        if let Some(record) = state.records.get_mut(request) {
+            let Some(held) = state.cache.cached_input_ids(record.id()) else {
+                return PySet::empty(py);
+            };
+            let answered = match record.held_ids.as_deref() {
+                Some((ids, set)) if ids == held => set.bind(py).clone(),
+                _ => {
+                    let set = PySet::new(py, held.positions())?;
+                    record.held_ids = Some(Box::new((held.clone(), set.clone().unbind())));
+                    set
+                }
+            };
+            return answered.call_method0(pyo3::intern!(py, "copy"))?.cast_into::<PySet>().map_err(PyErr::from);
+        }
+        drop(guard);
         with_request_id(slf, request, |cache: &mut EncoderCache, id| match cache.cached_input_ids(id) {
             Some(held) => PySet::new(py, held.positions()),
             None => PySet::empty(py),

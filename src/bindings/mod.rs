@@ -4,6 +4,7 @@
 //! Modules, each using only those listed before it:
 //! - `errors`: core errors as Python exceptions;
 //! - `modality`: modality names as the core's tags;
+//! - `known_types`: vLLM's and our request and placeholder classes, recognised;
 //! - `request`: reading vLLM-shaped requests (and `is_embed` masks), with clear errors;
 //! - `state`: state dumps as plain Python data and back;
 //! - `events`: the core's cache events as Python data;
@@ -23,6 +24,7 @@ mod events;
 #[cfg(feature = "test-hooks")]
 mod hooks;
 mod host_tier;
+mod known_types;
 mod manager;
 mod methods;
 mod modality;

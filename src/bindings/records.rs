@@ -28,8 +28,9 @@ use std::collections::VecDeque;
 use hashbrown::HashMap;
 use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
+use pyo3::types::PySet;
 
-use crate::cache::{hash_key, Handle, Key, KeyArg};
+use crate::cache::{hash_key, Handle, HeldInputs, Key, KeyArg};
 use crate::step::{Item, Items, StepError};
 
 /// The most request objects a manager keeps records of.
@@ -73,12 +74,24 @@ pub(crate) struct RequestRecord {
     pub(crate) positioned: usize,
     /// Whether the record has its place in [`Records`]' age order.
     aged: bool,
+    /// What the request held at the last `get_cached_input_ids` answer, with that
+    /// set (never handed out: callers get copies).
+    pub(crate) held_ids: Option<Box<(HeldInputs, Py<PySet>)>>,
 }
 
 impl RequestRecord {
     pub(crate) fn new(request: &Bound<'_, PyAny>, id: &str) -> Self {
         let id = Key::from(id);
-        Self { request: request.clone().unbind(), id_hash: hash_key(&id), id, handle: None, inputs: Vec::new(), positioned: 0, aged: false }
+        Self {
+            request: request.clone().unbind(),
+            id_hash: hash_key(&id),
+            id,
+            handle: None,
+            inputs: Vec::new(),
+            positioned: 0,
+            aged: false,
+            held_ids: None,
+        }
     }
 
     /// The request id as the core takes it: hashed, with its last handle.
@@ -218,6 +231,9 @@ impl Records {
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         for record in self.by_request.values() {
             visit.call(&record.request)?;
+            if let Some((_, set)) = record.held_ids.as_deref() {
+                visit.call(set)?;
+            }
             for input in &record.inputs {
                 if let Some(feature) = &input.feature {
                     visit.call(feature)?;

@@ -105,6 +105,38 @@ pub(crate) fn num_embeds(request: &Bound<'_, PyAny>, input_id: usize) -> PyResul
     count(&n, "request.get_num_encoder_embeds()")
 }
 
+/// `request.get_num_encoder_embeds(input_id)` for `feature`, which is
+/// `request.mm_features[input_id]`: the placeholder's length, read without
+/// calling into Python, when the request's and the placeholder's classes are
+/// vLLM's or ours (whose methods return exactly that for a placeholder without
+/// an `is_embed` mask); otherwise the request is asked.
+pub(crate) fn num_embeds_of(request: &Bound<'_, PyAny>, input_id: usize, feature: &Bound<'_, PyAny>) -> PyResult<u64> {
+    match unmasked_length(request, feature) {
+        Some(length) => Ok(length),
+        None => num_embeds(request, input_id),
+    }
+}
+
+/// The length of `feature.mm_position` when the answer of
+/// `get_num_encoder_embeds` is known to be it; None to ask the request.
+fn unmasked_length(request: &Bound<'_, PyAny>, feature: &Bound<'_, PyAny>) -> Option<u64> {
+    if !super::known_types::is_known(request) {
+        return None;
+    }
+    known_unmasked_length(feature)
+}
+
+/// The length of `feature.mm_position` when it is a known placeholder class
+/// without a mask, for a request of a known class (see `known_types`).
+pub(crate) fn known_unmasked_length(feature: &Bound<'_, PyAny>) -> Option<u64> {
+    let py = feature.py();
+    let position = feature.getattr(intern!(py, "mm_position")).ok()?;
+    if !super::known_types::is_known(&position) || !position.getattr(intern!(py, "is_embed")).ok()?.is_none() {
+        return None;
+    }
+    count(&position.getattr(intern!(py, "length")).ok()?, "mm_position.length").ok()
+}
+
 /// An `mm_position.is_embed` mask of a placeholder of `length` tokens, or
 /// None without one. Read in one call where the mask allows it: a torch
 /// tensor through `numpy()`, an array or a list of bools through `bytes()`

@@ -149,7 +149,70 @@ where
     C: StepCache,
     M: PyClass<Frozen = False> + DerefMut<Target = ManagerState<C>>,
 {
-    let out: Scheduled = with_record(manager, request, |record, features| {
+    let out = match scheduled_in_place(manager, request, args, has_remote_item)? {
+        Some(out) => out,
+        None => scheduled_with_reads(manager, request, args, has_remote_item)?,
+    };
+    if let (Some(m), Some(callback)) = (&out.mismatch, on_mismatch) {
+        callback.call1((request, m.input_id, &*m.identifier, m.cached, m.requested))?;
+    }
+    let py = request.py();
+    (list(py, out.to_encode)?, out.num_new_tokens, out.encoder_compute_budget, list(py, out.from_remote)?, list(py, out.repeated)?)
+        .into_pyobject(py)
+}
+
+/// The step when it needs nothing read from Python but `len(mm_features)`:
+/// the record knows every item's position and the window's full items, and
+/// there is no remote cache to ask. Then the record is used where it is,
+/// under one borrow. None when something must be read.
+fn scheduled_in_place<'py, C, M>(
+    manager: &Bound<'py, M>,
+    request: &Bound<'py, PyAny>,
+    args: StepArgs,
+    has_remote_item: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<Scheduled>>
+where
+    C: StepCache,
+    M: PyClass<Frozen = False> + DerefMut<Target = ManagerState<C>>,
+{
+    if has_remote_item.is_some() {
+        return Ok(None);
+    }
+    let num_items = match features(request).and_then(|features| features.len()) {
+        Ok(num_items) => num_items,
+        // Reported by the reads in their order (the request id's error first).
+        Err(err) if err.is_instance_of::<pyo3::exceptions::PyException>(request.py()) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let mut guard = write(manager)?;
+    let state: &mut ManagerState<C> = &mut guard;
+    let Some(record) = state.records.get_mut(request) else {
+        return Ok(None);
+    };
+    if record.positioned != num_items || record.inputs.len() != num_items {
+        return Ok(None);
+    }
+    let items = StepItems { inputs: &record.inputs };
+    let window = step::window(&items, args, C::ENCODER_DECODER);
+    if !record.inputs[window].iter().all(|input| input.item.is_some()) {
+        return Ok(None);
+    }
+    let mut no_remote = |_: &Key| Ok::<bool, PyErr>(false);
+    C::schedule(&mut state.cache, record.id(), &items, args, &mut no_remote).map(Some)
+}
+
+/// The step with what is missing of the request read first (see [`with_record`]).
+fn scheduled_with_reads<'py, C, M>(
+    manager: &Bound<'py, M>,
+    request: &Bound<'py, PyAny>,
+    args: StepArgs,
+    has_remote_item: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Scheduled>
+where
+    C: StepCache,
+    M: PyClass<Frozen = False> + DerefMut<Target = ManagerState<C>>,
+{
+    with_record(manager, request, |record, features| {
         let window = step::window(&StepItems { inputs: &record.inputs }, args, C::ENCODER_DECODER);
         load(record, features, window)?;
         let mut remote = |identifier: &Key| match has_remote_item {
@@ -158,13 +221,7 @@ where
         };
         let items = StepItems { inputs: &record.inputs };
         C::schedule(&mut write(manager)?.cache, record.id(), &items, args, &mut remote)
-    })?;
-    if let (Some(m), Some(callback)) = (&out.mismatch, on_mismatch) {
-        callback.call1((request, m.input_id, &*m.identifier, m.cached, m.requested))?;
-    }
-    let py = request.py();
-    (list(py, out.to_encode)?, out.num_new_tokens, out.encoder_compute_budget, list(py, out.from_remote)?, list(py, out.repeated)?)
-        .into_pyobject(py)
+    })
 }
 
 /// `allocate_encoder_inputs` of either manager class.
