@@ -166,10 +166,9 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
     }
 
     /// Return the input ids the request holds in the cache, as a new set.
-    ///
-    /// The request's record keeps the last set it answered with: while the
-    /// request holds the same inputs, the answer is a copy of it (a table
-    /// copy, where building a set hashes and inserts every id).
+    // The request's record keeps the last set it answered with: while the
+    // request holds the same inputs, the answer is a copy of it (a table
+    // copy, where building a set hashes and inserts every id).
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let py = slf.py();
         // Built and copied under the borrow: a set of ints runs no Python code.
