@@ -20,7 +20,6 @@ import vllm_harness as harness
 from vllm.config import CacheConfig, DeviceConfig, ECTransferConfig, SchedulerConfig, VllmConfig
 from vllm.distributed.ec_transfer.ec_connector.cpu.common import ECCPUWorkerMetadata
 from vllm.v1.outputs import ECConnectorOutput
-from vllm.v1.structured_output import StructuredOutputManager
 
 HIDDEN = harness._LLAVA_CONFIG["text_config"]["hidden_size"]
 ROW_BYTES = HIDDEN * 2  # float16: one block per embedding row
@@ -60,26 +59,7 @@ def build(model, setup, connector: str, extra: dict, variant: str = "stock") -> 
         ec_transfer_config=ec,
         ec_manager_config=harness.EncoderCacheManagerConfig(encoder_cache_manager_cls=manager_cls),
     )
-    cache_config.num_gpu_blocks = setup.num_blocks
-    kv = harness.KVCacheConfig(
-        num_blocks=setup.num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            harness.KVCacheGroupSpec(
-                ["layer"],
-                harness.FullAttentionSpec(
-                    block_size=harness.BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=harness.torch.float32
-                ),
-            )
-        ],
-    )
-    return vllm_config.scheduler_config.get_scheduler_cls()(
-        vllm_config=vllm_config,
-        kv_cache_config=kv,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=harness.BLOCK_SIZE,
-        mm_registry=harness._ImageRegistry(setup.max_image_tokens),
-    )
+    return harness.scheduler_for(vllm_config, setup.num_blocks, harness._ImageRegistry(setup.max_image_tokens))
 
 
 def drive(scheduler, specs, max_steps: int = 20_000, in_flight: int = 1) -> list[dict]:

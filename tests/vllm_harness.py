@@ -37,10 +37,10 @@ from vllm.multimodal.inputs import MultiModalFeatureSpec, MultiModalKwargsItem, 
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
+
+from encoder_cache.simulator.vllm_engine import scheduler_for
 
 #: How each variant is switched on: (ec_manager_config's class, scheduler_cls by async flag).
 VARIANTS: dict[str, tuple[str | None, dict[bool, str | None]]] = {
@@ -193,24 +193,7 @@ def build_scheduler(
             encoder_cache_manager_cls=manager_cls, manager_config=manager_config or {}
         ),
     )
-    cache_config.num_gpu_blocks = setup.num_blocks
-    kv_cache_config = KVCacheConfig(
-        num_blocks=setup.num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"], FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32)
-            )
-        ],
-    )
-    cls = vllm_config.scheduler_config.get_scheduler_cls()
-    return cls(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK_SIZE,
-        mm_registry=_ImageRegistry(setup.max_image_tokens),
-    )
+    return scheduler_for(vllm_config, setup.num_blocks, _ImageRegistry(setup.max_image_tokens))
 
 
 def store_for_ec_connector(directory: Path, identifiers: Sequence[str]) -> None:

@@ -52,7 +52,7 @@ from encoder_cache.simulator.results import Counters, RunResult, SimulationError
 from encoder_cache.simulator.spec import RequestSpec
 from encoder_cache.simulator.variants import Variant
 
-__all__ = ["INSTALL_HINT", "EngineUnavailable", "check_variant", "require", "simulate_vllm"]
+__all__ = ["INSTALL_HINT", "EngineUnavailable", "check_variant", "require", "scheduler_for", "simulate_vllm"]
 
 INSTALL_HINT = (
     "pip install 'vllm==0.33.*' into this environment (CPU is enough: no GPU and no model download "
@@ -162,11 +162,8 @@ def _scheduler(
     max_embeds: dict[str, int],
     max_model_len: int,
 ) -> Any:
-    import torch
     from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
     from vllm.config.ec_manager_config import EncoderCacheManagerConfig
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
 
     model = _model_config(directory, max_model_len)
     scheduler_config = SchedulerConfig(
@@ -200,24 +197,30 @@ def _scheduler(
             encoder_cache_manager_cls="encoder_cache.vllm.EncoderCacheManager", manager_config=manager_config
         ),
     )
-    num_blocks = limits.kv_capacity // BLOCK_SIZE
-    cache_config.num_gpu_blocks = num_blocks
+    return scheduler_for(vllm_config, limits.kv_capacity // BLOCK_SIZE, _Registry(max_embeds))
+
+
+def scheduler_for(vllm_config: Any, num_blocks: int, mm_registry: Any) -> Any:
+    """The scheduler class ``vllm_config`` names, built as vLLM's engine core
+    builds it, over a KV pool of ``num_blocks`` blocks of one full-attention
+    layer (no tensors: the scheduler only does bookkeeping)."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    block_size = vllm_config.cache_config.block_size
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"], FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32)
-            )
-        ],
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
     )
     cls = vllm_config.scheduler_config.get_scheduler_cls()
     return cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK_SIZE,
-        mm_registry=_Registry(max_embeds),
+        block_size=block_size,
+        mm_registry=mm_registry,
     )
 
 
