@@ -22,7 +22,10 @@ BENCHMARKS.md, "Cache events":
   ``events_endpoint`` (plus a replay socket, and a subscriber process
   attached, so batches really go out). Rounds interleave the two; each step
   is taken at its fastest round and the mean over steps is reported (the
-  method of ``bench_vllm_scheduler.py``). Needs vLLM 0.33.
+  method of ``bench_vllm_scheduler.py``). Run twice: steps back to back (the
+  publisher's thread then takes the GIL inside the timed steps), and with
+  ``--model-ms`` of sleep after each ``schedule()``, untimed, where vLLM's
+  engine waits for the model. Needs vLLM 0.33.
 
 Under pytest (benches run once, untimed) a short throughput run checks that
 every event arrives in order and the index matches the manager.
@@ -214,8 +217,9 @@ def _drain(endpoint: str, started: Any) -> None:
             sub.recv_multipart()
 
 
-def step_cost(rounds: int) -> list[dict[str, Any]]:
-    """Per workload: µs per step with events off and on (see the module doc)."""
+def step_cost(rounds: int, model_seconds: float = 0.0) -> list[dict[str, Any]]:
+    """Per workload: µs per step with events off and on (see the module doc),
+    the scheduler's thread sleeping ``model_seconds`` after each ``schedule()``."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_vllm_scheduler as sched
@@ -248,7 +252,8 @@ def step_cost(rounds: int) -> list[dict[str, Any]]:
                         gc.collect()
                         gc.disable()
                         try:
-                            steps[variant].append(harness.run(scheduler, specs, record=False).step_ns)
+                            run = harness.run(scheduler, specs, record=False, model_seconds=model_seconds)
+                            steps[variant].append(run.step_ns)
                         finally:
                             gc.enable()
                         if variant == "on":
@@ -271,16 +276,10 @@ def step_cost(rounds: int) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="throughput runs (the median is shown)")
-    parser.add_argument("--steps", type=int, default=5000, help="steps per throughput run")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds of the vLLM step comparison")
-    args = parser.parse_args()
-    if args.rounds < 1 or args.runs < 1 or args.steps < 2:
-        parser.error("--runs and --rounds must be >= 1, --steps >= 2")
-    runs = [throughput(args.steps) for _ in range(args.runs)]
-    print(f"throughput ({args.runs} runs of {args.steps} steps x {ITEMS_PER_STEP} items; median, min-max):")
+def print_throughput(runs_count: int, steps: int) -> None:
+    """The throughput and CPU-per-step tables."""
+    runs = [throughput(steps) for _ in range(runs_count)]
+    print(f"throughput ({runs_count} runs of {steps} steps x {ITEMS_PER_STEP} items; median, min-max):")
     for key, unit in (
         ("events_per_s", "events/s"),
         ("events_per_cpu_s", "events/CPU-s"),
@@ -292,25 +291,41 @@ def main() -> None:
     print(
         f"  batches received {[r['batches'] for r in runs]}, gaps {[r['gaps'] for r in runs]}, index ok {all(r['index_ok'] for r in runs)}"
     )
-    cost = hand_off(min(args.steps, 2000), args.runs)
+    cost = hand_off(min(steps, 2000), runs_count)
     print(
-        f"CPU per step (64 allocations, 64 evictions; fastest of {args.runs}): events off {cost['off_us']:.0f} µs; "
+        f"CPU per step (64 allocations, 64 evictions; fastest of {runs_count}): events off {cost['off_us']:.0f} µs; "
         f"on {cost['on_scheduler_us']:.0f} µs on the scheduler's thread + {cost['on_publisher_us']:.0f} µs "
         "on the publisher's"
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="throughput runs (the median is shown)")
+    parser.add_argument("--steps", type=int, default=5000, help="steps per throughput run")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of the vLLM step comparison")
+    parser.add_argument("--model-ms", type=float, default=2.0, help="model wait of the second step comparison (ms)")
+    parser.add_argument("--skip-throughput", action="store_true", help="only the vLLM step comparison")
+    args = parser.parse_args()
+    if args.rounds < 1 or args.runs < 1 or args.steps < 2 or args.model_ms <= 0:
+        parser.error("--runs and --rounds must be >= 1, --steps >= 2, --model-ms > 0")
+    if not args.skip_throughput:
+        print_throughput(args.runs, args.steps)
     try:
         import vllm  # noqa: F401
     except ImportError:
         print("vLLM not importable: no step-cost table")
         return
-    print(f"\nvLLM scheduler step (encoder_cache.vllm.Scheduler), events off vs on, {args.rounds} rounds:")
-    print("| workload | steps | batches | off µs/step | on µs/step | change |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for row in step_cost(args.rounds):
-        print(
-            f"| {row['workload']} | {row['steps']} | {row['batches']} | {row['off_us']:.1f} | {row['on_us']:.1f} "
-            f"| {row['change']:+.1%} |"
-        )
+    for model_ms in (0.0, args.model_ms):
+        wait = f"a {model_ms:g} ms model wait after each schedule()" if model_ms else "steps back to back"
+        print(f"\nvLLM scheduler step (encoder_cache.vllm.Scheduler), events off vs on, {args.rounds} rounds, {wait}:")
+        print("| workload | steps | batches | off µs/step | on µs/step | change |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for row in step_cost(args.rounds, model_ms / 1e3):
+            print(
+                f"| {row['workload']} | {row['steps']} | {row['batches']} | {row['off_us']:.1f} | {row['on_us']:.1f} "
+                f"| {row['change']:+.1%} |"
+            )
 
 
 if __name__ == "__main__":

@@ -193,6 +193,32 @@ class DifferentialMachine(RuleBasedStateMachine):
             self.seen[mm_hash] = (embeds, modality)
         assert self.seen == {h: (n, m) for h, n, m in self.rust.cached_items()}
 
+    @rule(engine=st.integers(0, 300))
+    def take_event_batch(self, engine):
+        """A step's end drained as one batch: the same events from both, the
+        same payload bytes (Rust writes them, the twin packs them with msgpack)."""
+        self.both("get_freed_mm_hashes")
+        got = outcome(self.rust.take_event_batch)
+        want = outcome(self.python.take_event_batch)
+        if not self.events:
+            assert got == want == ("raised", ValueError)
+            return
+        rust, python = got[1], want[1]
+        assert (rust is None) == (python is None)
+        if rust is None:
+            return
+        assert (rust.cleared, rust.removed, rust.stored) == (python.cleared, python.removed, python.stored)
+        assert rust.events() == python.events() and len(rust) == len(python)
+        assert rust.encode(1.5e9, engine) == python.encode(1.5e9, engine)
+        assert rust.events("CPU") == python.events("CPU")
+        if rust.cleared:
+            self.seen.clear()
+        for mm_hash in rust.removed:
+            self.seen.pop(mm_hash, None)
+        for mm_hash, embeds, modality in rust.stored:
+            self.seen[mm_hash] = (embeds, modality)
+        assert self.seen == {h: (n, m) for h, n, m in self.rust.cached_items()}
+
     @rule(chance=st.integers(0, 19))
     def reset(self, chance):
         if chance == 0:

@@ -29,12 +29,11 @@ from encoder_cache.events import (  # noqa: E402
     CacheIndex,
     Engine,
     EventPublisher,
-    StepEventLog,
-    StepRecord,
     engine_endpoint,
     wire,
 )
 from encoder_cache.observed import StepObservers, observed_class  # noqa: E402
+from encoder_cache.reference.event_log import EventBatch  # noqa: E402
 
 RecordingManager = observed_class(EncoderCacheManager)
 
@@ -140,19 +139,53 @@ def test_engine_endpoints_move_as_vllms_kv_event_endpoints() -> None:
 def test_a_step_reports_removals_before_storage() -> None:
     manager = EncoderCacheManager(16)
     manager.enable_events()
-    log = StepEventLog()
     old = make_request("o", [("old", 16, "audio")])
     manager.allocate(old, 0)
     manager.get_freed_mm_hashes()
-    assert log.end_step(manager).events() == [wire.stored("old", 16, "audio")]
+    assert manager.take_event_batch().events() == [wire.stored("old", 16, "audio")]
     manager.free(old)
     new = make_request("r", [("new", 16, "image")])
     assert manager.can_allocate(new, 0, 100, 0)  # evicts old
     manager.allocate(new, 0)
     assert manager.get_freed_mm_hashes() == ["old"]
-    assert log.end_step(manager).events() == [wire.removed(["old"]), wire.stored("new", 16, "image")]
+    batch = manager.take_event_batch()
+    assert batch.events() == [wire.removed(["old"]), wire.stored("new", 16, "image")]
+    assert len(batch) == 2 and repr(batch) == "EventBatch(cleared=False, removed=1, stored=1)"
     manager.get_freed_mm_hashes()
-    assert log.end_step(manager) is None
+    assert manager.take_event_batch() is None, "a step that changed nothing has no batch"
+    manager.reset()
+    assert manager.take_event_batch().events("CPU") == [wire.cleared()]
+
+
+@pytest.mark.parametrize("engine", [0, 127, 128, 70_000])
+def test_a_batch_encodes_to_the_bytes_msgpack_makes(engine: int) -> None:
+    """Every length class of msgpack's strings, arrays and integers: the Rust
+    payload is byte for byte what msgpack packs from the same events."""
+    msgpack = pytest.importorskip("msgpack")
+    names = ["a", "h" * 31, "h" * 32, "h" * 255, "h" * 256, "h" * 70_000]
+    sizes = [1, 127, 128, 255, 256, 65_535, 65_536, 1 << 32]
+    manager = EncoderCacheManager(sum(sizes) + 100, policy="vllm")
+    manager.enable_events()
+    requests = [
+        make_request(f"r{n}", [(f"{names[n % len(names)]}{n}", size, "video" if n % 2 else "image")])
+        for n, size in enumerate(sizes)
+    ]
+    requests += [make_request(f"many{n}", [(f"m{n}", 1, "image")]) for n in range(20)]
+    for request in requests:
+        manager.allocate(request, 0)
+    manager.get_freed_mm_hashes()
+    batch = manager.take_event_batch()
+    assert len(batch) == len(requests) == len(batch.events())
+    assert batch.encode(1234.5, engine) == msgpack.packb([1234.5, batch.events(), engine], use_bin_type=True)
+    for request in requests:
+        manager.free(request)
+    manager.cache_size = 0  # every entry evicted: one removal of all 28
+    freed = manager.get_freed_mm_hashes()
+    manager.reset()  # and a clear, which drops what was pending
+    assert manager.take_event_batch().encode(0.0, engine, "CPU") == msgpack.packb(
+        [0.0, [wire.cleared()], engine], use_bin_type=True
+    )
+    assert len(freed) == len(requests)
 
 
 class Batches:
@@ -161,7 +194,7 @@ class Batches:
     def __init__(self) -> None:
         self.batches: list[list[dict[str, Any]]] = []
 
-    def publish(self, record: StepRecord) -> None:
+    def publish(self, record: Any) -> None:
         self.batches.append(record.events())
 
 
@@ -301,7 +334,7 @@ def test_a_batch_that_cannot_be_built_is_a_gap_no_replay_fills(ipc_dir: str, cap
     ):
         subscriber.sync("e")
         publisher.publish([wire.stored("a", 1, "image")])
-        publisher.publish(StepRecord(False, [], [(object(), 1, "image")], wire.MEDIUM))  # not encodable
+        publisher.publish(EventBatch(False, [], [(object(), 1, "image")]))  # not encodable
         publisher.publish([wire.stored("b", 2, "image")])
         catch_up(subscriber, publisher)
         engine = subscriber.engine("e")

@@ -502,9 +502,34 @@ def _everything_compared() -> str:
     seen += [RUST.__name__, RUST_ENC_DEC.__name__, "num_computed_tokens"]
     # The request classes the bindings recognise by module and name (see test_known_request_classes).
     seen += [f"{cls.__module__}.{cls.__qualname__}" for cls in KNOWN_CLASSES]
+    # The event types the Rust core writes into event payloads.
+    seen += _event_types(RUST)
     # The host tier's block cache: its names and the counters encoder_cache.host_tier logs.
     seen += [encoder_cache.HostBlockCache.__name__, "HOST_POLICIES", *encoder_cache.HostBlockCache(1).stats()]
     return "\n".join(seen)
+
+
+def _event_types(cls) -> list[str]:
+    """The event types of a manager's batches: a store, a removal, a clear, in that order."""
+    manager = cls(4)
+    manager.enable_events()
+    request = make_request("r", ["a"], [4])
+    manager.allocate(request, 0)
+    manager.free(request)
+    manager.get_freed_mm_hashes()
+    types = [event["type"] for event in manager.take_event_batch().events()]
+    manager.cache_size = 0  # evicts a
+    assert manager.get_freed_mm_hashes() == ["a"]
+    types += [event["type"] for event in manager.take_event_batch().events()]
+    manager.reset()
+    return types + [event["type"] for event in manager.take_event_batch().events()]
+
+
+def test_event_type_names():
+    """The Rust core writes the event types into its payloads; the wire module and the twin spell them too."""
+    from encoder_cache.events import wire
+
+    assert _event_types(RUST) == _event_types(TWIN) == [wire.STORED, wire.REMOVED, wire.CLEARED]
 
 
 def test_host_tier_names_and_counters():

@@ -380,13 +380,21 @@ def _held_embeds(manager: Any) -> int | None:
 
 
 def run(
-    scheduler: Any, specs: Sequence[RequestSpec], record: bool = True, max_steps: int = 10_000, in_flight: int = 1
+    scheduler: Any,
+    specs: Sequence[RequestSpec],
+    record: bool = True,
+    max_steps: int = 10_000,
+    in_flight: int = 1,
+    model_seconds: float = 0.0,
 ) -> Run:
     """Feed ``specs`` at their arrival steps until every request has finished.
 
     ``in_flight=2`` runs as vLLM's engine does with async scheduling: the next
     step is scheduled before the previous step's output comes back (only for
     ``AsyncScheduler``). A step's record is taken when its output is processed.
+    ``model_seconds``: the scheduler's thread sleeps this long after each
+    ``schedule()``, untimed, as vLLM's engine waits for the model, so other
+    threads run there rather than inside the timed calls.
     """
     requests = [make_request(spec) for spec in specs]
     result = Run()
@@ -403,6 +411,8 @@ def run(
         scheduler_output = scheduler.schedule()
         scheduled_ns = time.perf_counter_ns() - begin
         batches.append((scheduler_output, fake_model_output(scheduler, scheduler_output), scheduled_ns))
+        if model_seconds:
+            time.sleep(model_seconds)
         # An empty step means everything waits on outputs: take the oldest back.
         while len(batches) >= in_flight or (batches and not scheduler_output.total_num_scheduled_tokens):
             done, model_output, scheduled_ns = batches.popleft()

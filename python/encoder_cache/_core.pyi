@@ -40,6 +40,7 @@ __all__ = [
     "POLICIES",
     "EncoderCacheManager",
     "EncoderDecoderCacheManager",
+    "EventBatch",
     "HostBlockCache",
     "HostCacheEntry",
     "_CallFloor",
@@ -248,6 +249,14 @@ class EncoderCacheManager:
         in the order of their first allocation. Call it right after
         `get_freed_mm_hashes()`. Raises ValueError if events are off.
         """
+    def take_event_batch(self) -> EventBatch | None:
+        """Drain the cache events as `take_step_events()` does, as one
+        `EventBatch`, or None if nothing was stored, removed or cleared.
+
+        The batch keeps the events in Rust: `EventBatch.encode()` writes the
+        message payload without a Python object per event. Raises ValueError
+        if events are off.
+        """
     def cached_items(self) -> list[tuple[str, int, str]]:
         """Return every cached item as `(identifier, embeds, modality)`, sorted by identifier."""
 
@@ -393,6 +402,35 @@ class _CallFloor:
     def allocate(self, request: _Request, input_id: int) -> None: ...
     def free_encoder_input(self, request: _Request, input_id: int) -> None: ...
     def free(self, request: _Request) -> None: ...
+
+@final
+class EventBatch:
+    """The cache events of one step (`EncoderCacheManager.take_event_batch()`),
+    held as Rust data: `encode` writes the message payload without making a
+    Python object per event, so a publisher's thread can do it while the
+    scheduler's thread only hands the batch over.
+    """
+
+    @property
+    def cleared(self) -> bool:
+        """Whether the cache was cleared (reset, or its log overflowed) first."""
+    @property
+    def removed(self) -> list[str]:
+        """The identifiers `get_freed_mm_hashes()` reported, in order."""
+    @property
+    def stored(self) -> list[tuple[str, int, str]]:
+        """The items stored and still cached, as `(identifier, embeds, modality)`."""
+    def events(self, medium: str = "GPU") -> list[dict[str, Any]]:
+        """The event maps, in order: `EncoderCacheCleared` if cleared, one
+        `EncoderCacheRemoved` with the removed identifiers, one
+        `EncoderCacheStored` per stored item (see `encoder_cache.events.wire`).
+        """
+    def encode(self, timestamp: float, engine: int, medium: str = "GPU") -> bytes:
+        """The message payload: msgpack of `[timestamp, self.events(medium), engine]`,
+        the same bytes `msgpack.packb(..., use_bin_type=True)` makes of it.
+        """
+    def __len__(self) -> int:
+        """The number of event maps."""
 
 #: The host tier's eviction policies' names, the default first.
 HOST_POLICIES: tuple[str, ...]

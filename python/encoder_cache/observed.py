@@ -3,7 +3,8 @@
 The scheduler calls ``get_freed_mm_hashes()`` once at the end of every step;
 that call is where ``StepObservers`` runs. Nothing is added to the per-item
 calls: with events on, the manager's core records what it stores, drops and
-clears (``enable_events()``), and the step's end drains it.
+clears (``enable_events()``), and the step's end drains it as one
+``EventBatch`` (``take_event_batch()``), which the publisher's thread encodes.
 
 ``observed_class(base)`` makes the class: ``base`` is a manager class with
 vLLM 0.33's API (``encoder_cache.EncoderCacheManager`` or a subclass); the
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from encoder_cache.events import wire
-from encoder_cache.events.log import StepEventLog
 
 __all__ = ["OBSERVE_KEYS", "ObserveOptions", "StepObservers", "observed_class"]
 
@@ -30,7 +30,8 @@ class StepObservers:
     - ``log``: called with ``stats()`` every ``log_interval`` seconds (0: never);
     - ``metrics``: a ``CacheMetrics`` updated at most every ``metrics_interval`` seconds;
     - ``publisher``: an ``EventPublisher`` (anything with ``publish``) given each
-      step's ``StepRecord``; steps that changed nothing publish nothing.
+      step's ``EventBatch`` (``take_event_batch()``); steps that changed
+      nothing publish nothing.
     """
 
     def __init__(
@@ -47,16 +48,15 @@ class StepObservers:
         self.metrics = metrics
         self.metrics_interval = metrics_interval
         self.publisher = publisher
-        self.events = StepEventLog() if publisher is not None else None
         self._next_log = 0.0
         self._next_metrics = 0.0
 
     def end_step(self, manager: Any) -> None:
-        events = self.events
-        if events is not None:
-            record = events.end_step(manager)
-            if record is not None:
-                self.publisher.publish(record)
+        publisher = self.publisher
+        if publisher is not None:
+            batch = manager.take_event_batch()
+            if batch is not None:
+                publisher.publish(batch)
         if self.log is None and self.metrics is None:
             return
         now = time.monotonic()

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
 use super::calls::{with_input, with_request_id, Needs};
+use super::events::PyEventBatch;
 use super::methods::manager_methods;
 use super::modality;
 use super::request::{count, features, identifier, identifier_of, input_index, request_id};
@@ -333,6 +334,18 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
         let events = slf.try_borrow_mut()?.cache.take_events();
         let events = events.ok_or_else(|| PyValueError::new_err("cache events are off: call enable_events() first"))?;
         super::events::step_events(slf.py(), &events)
+    }
+
+    /// Drain the cache events as `take_step_events()` does, as one
+    /// `EventBatch`, or None if nothing was stored, removed or cleared.
+    ///
+    /// The batch keeps the events in Rust: `EventBatch.encode()` writes the
+    /// message payload without a Python object per event. Raises ValueError
+    /// if events are off.
+    fn take_event_batch(slf: &Bound<'_, Self>) -> PyResult<Option<PyEventBatch>> {
+        let events = slf.try_borrow_mut()?.cache.take_events();
+        let events = events.ok_or_else(|| PyValueError::new_err("cache events are off: call enable_events() first"))?;
+        Ok((!events.is_empty()).then_some(PyEventBatch { events }))
     }
 
     /// Return every cached item as `(identifier, embeds, modality)`, sorted by identifier.

@@ -7,7 +7,7 @@
 //! - `known_types`: vLLM's and our request and placeholder classes, recognised;
 //! - `request`: reading vLLM-shaped requests (and `is_embed` masks), with clear errors;
 //! - `state`: state dumps as plain Python data and back;
-//! - `events`: the core's cache events as Python data;
+//! - `events`: the core's cache events as Python data, and `EventBatch`;
 //! - `records`: what a manager has read of each request object, with the core's handles;
 //! - `shared`: a manager's state and how it is borrowed;
 //! - `calls`, `step`: the per-call and the step-level methods' reads;
@@ -49,6 +49,7 @@ pub(crate) fn key_list<'py>(py: Python<'py>, keys: &[Key]) -> PyResult<Bound<'py
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyEncoderCacheManager>()?;
     m.add_class::<encoder_decoder::PyEncoderDecoderCacheManager>()?;
+    m.add_class::<events::PyEventBatch>()?;
     m.add_class::<host_tier::PyHostBlockCache>()?;
     m.add_class::<host_tier::PyHostCacheEntry>()?;
     m.add("HOST_POLICIES", PyTuple::new(m.py(), host_tier::policy_names())?)?;

@@ -1,7 +1,6 @@
 """Encoder-cache events: what an engine's cache stores and drops, published for routers.
 
 - ``wire``: the format (vLLM's KV-event transport with encoder-cache event types);
-- ``StepEventLog``: a step's events, in the order the workers see them;
 - ``EventPublisher``: the engine's ZMQ publisher, sending from a background thread;
 - ``CacheIndex`` / ``CacheEventSubscriber``: the reference consumer, one
   index of every engine's cached items, healed by replay, with ``score(items)``.
@@ -12,7 +11,6 @@ See docs/events.md. Publishing and subscribing need ``pyzmq`` and ``msgpack``
 
 from encoder_cache.events import wire
 from encoder_cache.events.index import CacheIndex, EngineCache
-from encoder_cache.events.log import StepEventLog, StepRecord
 from encoder_cache.events.publisher import EventPublisher, engine_endpoint
 from encoder_cache.events.subscriber import CacheEventSubscriber, Engine
 
@@ -22,8 +20,6 @@ __all__ = [
     "Engine",
     "EngineCache",
     "EventPublisher",
-    "StepEventLog",
-    "StepRecord",
     "engine_endpoint",
     "wire",
 ]

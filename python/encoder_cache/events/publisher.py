@@ -1,16 +1,18 @@
 """Publishes event batches over ZMQ from a background thread (see ``wire`` for the format).
 
-The scheduler's side is ``publish(step)``: one ``SimpleQueue.put`` of the
-step's record, which never waits. A daemon thread takes the batches in order,
-builds their events (``StepRecord.events``), numbers them, encodes them, sends each on the PUB socket without waiting
-(ZMQ drops messages for a subscriber whose queue is at its high-water mark,
-so a slow subscriber loses messages, never holds up a step) and keeps the
-last ``buffer_steps`` encoded batches in a ring for replay. Between batches it
+The scheduler's side is ``publish(batch)``: one ``SimpleQueue.put`` of the
+step's ``EventBatch`` (the manager's events, still Rust data), which never
+waits. A daemon thread takes the batches in order, numbers them, encodes them
+(``EventBatch.encode``: the payload's bytes are written in Rust, with no
+Python object per event), sends each on the PUB socket without waiting (ZMQ
+drops messages for a subscriber whose queue is at its high-water mark, so a
+slow subscriber loses messages, never holds up a step) and keeps the last
+``buffer_steps`` encoded batches in a ring for replay. Between batches it
 answers replay requests on the ROUTER socket.
 
 The queue between the two sides has no bound: the thread never waits on the
 network, so it empties the queue as fast as it encodes (see BENCHMARKS.md,
-"Cache events"); a step adds one list to it.
+"Cache events"); a step adds one object to it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from collections import deque
 from typing import Any
 
 from encoder_cache.events import wire
-from encoder_cache.events.log import StepRecord
 
 __all__ = ["EventPublisher", "binds", "engine_endpoint"]
 
@@ -68,9 +69,10 @@ class EventPublisher:
     ROUTER bound to ``replay_endpoint``, sending the batches given to
     ``publish`` under ``topic``, numbered from 0.
 
-    ``engine`` goes into every payload; ``buffer_steps`` batches are kept for
-    replay; ``hwm`` is the PUB socket's send high-water mark (messages queued
-    per subscriber before ZMQ drops).
+    ``engine`` goes into every payload and ``medium`` into every stored and
+    removed event; ``buffer_steps`` batches are kept for replay; ``hwm`` is
+    the PUB socket's send high-water mark (messages queued per subscriber
+    before ZMQ drops).
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class EventPublisher:
         topic: str = wire.DEFAULT_TOPIC,
         buffer_steps: int = 10_000,
         engine: int = 0,
+        medium: str = wire.MEDIUM,
         hwm: int = 100_000,
     ) -> None:
         if buffer_steps < 1:
@@ -89,6 +92,7 @@ class EventPublisher:
         wire.codec()  # fail here, not in the thread, without a msgpack codec
         self.topic = topic.encode()
         self.engine = engine
+        self.medium = medium
         self._zmq = zmq
         self._context = zmq.Context()
         self._pub = self._context.socket(zmq.PUB)
@@ -119,9 +123,10 @@ class EventPublisher:
         self._thread = threading.Thread(target=self._run, name="encoder-cache-events", daemon=True)
         self._thread.start()
 
-    def publish(self, events: list[dict[str, Any]] | StepRecord) -> None:
-        """Queue one batch: the events of one step, in order, or the step's
-        ``StepRecord`` (turned into events on the publisher's thread); returns at once."""
+    def publish(self, events: Any) -> None:
+        """Queue one batch: a step's ``EventBatch`` (``take_event_batch()``:
+        anything with its ``encode(timestamp, engine, medium)``, encoded on
+        the publisher's thread), or a list of event maps; returns at once."""
         self.published += 1
         self._queue.put((time.time(), events))
 
@@ -148,7 +153,7 @@ class EventPublisher:
         zmq = self._zmq
         get = self._queue.get
         pub, replay, ring = self._pub, self._replay, self._ring
-        topic, engine = self.topic, self.engine
+        topic, engine, medium = self.topic, self.engine, self.medium
         poll = 0.05 if replay is not None else None
         while True:
             if replay is not None and replay.poll(0):
@@ -166,9 +171,10 @@ class EventPublisher:
             seq = self.sent
             self.sent = seq + 1
             try:
-                if isinstance(events, StepRecord):
-                    events = events.events()
-                payload = wire.encode_batch(timestamp, events, engine)
+                if isinstance(events, list):
+                    payload = wire.encode_batch(timestamp, events, engine)
+                else:
+                    payload = events.encode(timestamp, engine, medium)
             except Exception:
                 # The number stays used and nothing is sent or kept: subscribers see a
                 # gap no replay fills, and know their view of this engine is incomplete.

@@ -2,11 +2,15 @@
 ``EncoderCacheManager.enable_events``): storage recorded at each allocation,
 removals equal to each ``get_freed_mm_hashes()`` report, a clear at
 ``reset()``, bounded by an overflow that turns the next drain into a clear and
-every cached item."""
+every cached item; ``EventBatch``, one drain as the Rust ``EventBatch`` gives it."""
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_MAX_PENDING", "EventLog"]
+from typing import Any
+
+from encoder_cache.events import wire
+
+__all__ = ["DEFAULT_MAX_PENDING", "EventBatch", "EventLog"]
 
 #: Pending identifiers a log keeps by default before it overflows.
 DEFAULT_MAX_PENDING = 1 << 16
@@ -57,3 +61,30 @@ class EventLog:
             self.overflowed = True
             self.removed = []
             self.stored = []
+
+
+class EventBatch:
+    """One drain: cleared or not, the removed identifiers, the stored items
+    ``(identifier, embeds, modality)``, with the Rust ``EventBatch``'s methods."""
+
+    __slots__ = ("cleared", "removed", "stored")
+
+    def __init__(self, cleared: bool, removed: list[str], stored: list[tuple[str, int, str]]) -> None:
+        self.cleared = cleared
+        self.removed = removed
+        self.stored = stored
+
+    def events(self, medium: str = wire.MEDIUM) -> list[dict[str, Any]]:
+        """The event maps: cleared, then removed, then one per stored item."""
+        events = [wire.cleared()] if self.cleared else []
+        if self.removed:
+            events.append(wire.removed(list(self.removed), medium))
+        events.extend(wire.stored(mm_hash, embeds, modality, medium) for mm_hash, embeds, modality in self.stored)
+        return events
+
+    def encode(self, timestamp: float, engine: int, medium: str = wire.MEDIUM) -> bytes:
+        """The message payload of ``events(medium)`` (``wire.encode_batch``)."""
+        return wire.encode_batch(timestamp, self.events(medium), engine)
+
+    def __len__(self) -> int:
+        return int(self.cleared) + bool(self.removed) + len(self.stored)

@@ -9,7 +9,7 @@ from typing import Any
 
 from encoder_cache.invariants import InvariantError
 from encoder_cache.reference.checks import count, request_str, rust_debug
-from encoder_cache.reference.event_log import DEFAULT_MAX_PENDING, EventLog
+from encoder_cache.reference.event_log import DEFAULT_MAX_PENDING, EventBatch, EventLog
 from encoder_cache.reference.policies import POLICIES, EvictionPolicy, make_policy
 from encoder_cache.reference.request_fields import (
     input_index,
@@ -401,6 +401,11 @@ class EncoderCacheManager(StepLevelAPI):
             if mm_hash in self.num_embeds_by_hash and mm_hash not in stored:
                 stored[mm_hash] = (mm_hash, self.num_embeds_by_hash[mm_hash], self.modality[mm_hash])
         return cleared, removed, list(stored.values())
+
+    def take_event_batch(self) -> EventBatch | None:
+        """``take_step_events()`` as one ``EventBatch``, or None if nothing changed."""
+        cleared, removed, stored = self.take_step_events()
+        return EventBatch(cleared, removed, stored) if cleared or removed or stored else None
 
     def cached_items(self) -> list[tuple[str, int, str]]:
         """Every cached item as ``(identifier, embeds, modality)``, sorted by identifier."""
