@@ -1,5 +1,6 @@
 """Routing across replicas (``simulate --replicas``): each routing choice's
-behaviour, the exact-event index against the replicas' caches, the CLI's errors."""
+behaviour, the exact-event indexes (encoder cache and KV blocks) against the
+replicas' caches, the CLI's errors."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from encoder_cache.events.index import CacheIndex
 from encoder_cache.simulator.cluster import Cluster, simulate_routing
 from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.engine import simulate
+from encoder_cache.simulator.kv_events import BLOCK_REMOVED, BLOCK_STORED, EventedPool, KvBlockIndex
 from encoder_cache.simulator.limits import SchedulerLimits
+from encoder_cache.simulator.prefix_cache import BLOCK_SIZE
 from encoder_cache.simulator.routers import ROUTINGS, LruGuess, make_router
 from encoder_cache.simulator.spec import Item, RequestSpec
 from encoder_cache.simulator.trace import TraceWorkload
@@ -77,6 +80,35 @@ def test_lru_guess_records_placements_evicts_the_oldest_and_never_hears_of_evict
     assert guess.choose(spec("q", ("c", 10)), [0, 0]) == 0
     assert guess.believes(0, "c") and not guess.believes(1, "c")
     assert isinstance(guess.lru[0], OrderedDict)
+
+
+def _kv_index(replicas: int, stored: dict[int, list[int]]) -> KvBlockIndex:
+    kv = KvBlockIndex(replicas)
+    for replica, hashes in stored.items():
+        kv.apply(replica, [(BLOCK_STORED, h) for h in hashes])
+    return kv
+
+
+def test_the_kv_index_counts_blocks_per_hash_and_a_prefix_stops_at_the_first_gap():
+    kv = _kv_index(1, {0: [1, 2, 3, 2]})
+    kv.apply(0, [(BLOCK_REMOVED, 2)])
+    assert kv.blocks[0] == {1: 1, 2: 1, 3: 1}, "a second block still holds 2"
+    kv.apply(0, [(BLOCK_REMOVED, 2)])
+    assert kv.prefix_blocks(0, [1, 2, 3]) == 1 and kv.prefix_tokens(0, [1, 3]) == 2 * BLOCK_SIZE
+    kv.apply(0, [("AllBlocksCleared", None)])
+    assert kv.blocks[0] == {}
+
+
+def test_the_evented_pool_publishes_what_it_keys_and_unkeys():
+    pool = EventedPool(4, caching=True)
+    a, b = pool.allocate(2)
+    pool.cache(a, 11)
+    pool.cache(a, 12)  # already keyed: nothing
+    pool.cache(b, 11)  # a second block with the same hash
+    pool.release([a, b])
+    pool.allocate(3)  # hands out the free block first, then both keyed ones
+    assert pool.take_events() == [(BLOCK_STORED, 11), (BLOCK_STORED, 11), (BLOCK_REMOVED, 11), (BLOCK_REMOVED, 11)]
+    assert pool.take_events() == [] and pool.cached_hashes() == {}
 
 
 # --- whole runs --------------------------------------------------------------------
@@ -161,6 +193,51 @@ def test_on_popular_traffic_the_guess_is_often_wrong_and_the_events_never():
     assert guess.guess_precision is not None and guess.guess_precision < 0.9
     assert aware.guess_precision == 1.0
     assert aware.placed_cached_embeds > guess.placed_cached_embeds
+
+
+class _KvWatched(Cluster):
+    """Checks, at every routing decision, that the KV index is each replica's pool's cached hashes."""
+
+    checked = 0
+    removed = 0
+
+    def route(self, spec, clock):
+        for r, run in enumerate(self.runs):
+            assert self.kv.blocks[r] == run.pool.cached_hashes(), (r, clock)
+        type(self).checked += 1
+        super().route(spec, clock)
+
+    def _publish_kv_events(self):
+        for run in self.runs:
+            type(self).removed += sum(kind == BLOCK_REMOVED for kind, _ in run.pool.events)
+        super()._publish_kv_events()
+
+
+@pytest.mark.parametrize(
+    ("kind", "routing", "kv_capacity"),
+    [("mix", "cache-aware", 262_144), ("mix", "round-robin", 16_384), ("chat", "least-loaded", 16_384)],
+)
+def test_the_kv_index_equals_every_replicas_cached_blocks_at_every_decision(kind, routing, kv_capacity):
+    workload = generate(WorkloadConfig(kind=kind, requests=150, seed=2))
+    limits = SchedulerLimits(kv_capacity=kv_capacity)
+    cluster = _KvWatched(
+        workload,
+        limits,
+        Variant(),
+        3,
+        routing,
+        cache_size=None,
+        cost=EncoderCost(),
+        sticky=True,
+        check=False,
+        router_options={},
+    )
+    _KvWatched.checked = _KvWatched.removed = 0
+    result = cluster.run()
+    assert _KvWatched.checked == 150 and result.counters.requests == 150
+    for r, run in enumerate(cluster.runs):
+        assert cluster.kv.blocks[r] == run.pool.cached_hashes() != {}
+    assert (_KvWatched.removed > 0) == (kv_capacity < 262_144), "a small KV cache evicts blocks"
 
 
 class _Watched(Cluster):

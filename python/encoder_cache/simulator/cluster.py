@@ -22,6 +22,12 @@ to one ``CacheIndex`` of all replicas (the reference consumer's index, as a
 subscriber would after a sub-millisecond trip). The cache-aware router scores
 with it; for the other routers it measures what was really cached where they
 placed each request.
+
+**KV-cache events.** Every replica's block pool is a ``kv_events.EventedPool``:
+it queues vLLM's ``BlockStored`` and ``BlockRemoved`` events, and after each
+window the cluster applies every replica's queue to one ``KvBlockIndex`` (at
+a routing decision it holds what every earlier step published, as the
+encoder-cache index does).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from encoder_cache.observed import StepObservers, observed_class
 from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.engine import steppable
+from encoder_cache.simulator.kv_events import EventedPool, KvBlockIndex
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.results import Counters, SimulationError
 from encoder_cache.simulator.routers import Router, make_router, request_items
@@ -201,6 +208,9 @@ class Cluster:
             steppable(self.inboxes[r], limits, self.managers[r], budget, cost, lookahead=variant.lookahead, check=check)
             for r in range(replicas)
         ]
+        for run in self.runs:
+            run.pool = EventedPool.like(run.pool)  # before the first step: nothing allocated yet
+        self.kv = KvBlockIndex(replicas)
         self.router: Router = make_router(routing, replicas, self.index, **router_options)
         for feed in feeds:
             feed.router = self.router
@@ -284,11 +294,17 @@ class Cluster:
                 self.load_steps[r] += self.loads[r] * (horizon - clock)
                 inbox.horizon = horizon
                 self.runs[r].run(horizon)
+            self._publish_kv_events()
             clock = horizon
         for inbox, run in zip(self.inboxes, self.runs):
             inbox.horizon = None
             run.run()  # the end of the run: its final checks
+        self._publish_kv_events()
         return self._result(clock)
+
+    def _publish_kv_events(self) -> None:
+        for r, run in enumerate(self.runs):
+            self.kv.apply(r, run.pool.take_events())
 
     def _result(self, clock: int) -> RoutingResult:
         result = self.result
