@@ -19,7 +19,7 @@ routers do with session affinity (the replica holds the session's KV prefix);
 events on (``observed_class(..., events=True)``): at the end of each step its
 ``StepEventLog`` record becomes the step's events, which are applied at once
 to one ``CacheIndex`` of all replicas (the reference consumer's index, as a
-subscriber would after a sub-millisecond trip). The cache-aware router scores
+subscriber would after a sub-millisecond trip). The cache-aware routers score
 with it; for the other routers it measures what was really cached where they
 placed each request.
 
@@ -27,7 +27,9 @@ placed each request.
 it queues vLLM's ``BlockStored`` and ``BlockRemoved`` events, and after each
 window the cluster applies every replica's queue to one ``KvBlockIndex`` (at
 a routing decision it holds what every earlier step published, as the
-encoder-cache index does).
+encoder-cache index does). ``cache-aware+kv`` scores with it and the
+requests' block hashes (``PromptHashes``); for every router it measures what
+the chosen replica would spare a request at placement.
 """
 
 from __future__ import annotations
@@ -42,10 +44,10 @@ from encoder_cache.observed import StepObservers, observed_class
 from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.engine import steppable
-from encoder_cache.simulator.kv_events import EventedPool, KvBlockIndex
+from encoder_cache.simulator.kv_events import EventedPool, KvBlockIndex, PromptHashes
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.results import Counters, SimulationError
-from encoder_cache.simulator.routers import Router, make_router, request_items
+from encoder_cache.simulator.routers import Router, make_router, request_items, spared_embeds
 from encoder_cache.simulator.spec import RequestSpec
 from encoder_cache.simulator.variants import Variant, available_policies
 
@@ -78,6 +80,9 @@ class RoutingResult:
     placed_embeds: int = 0
     #: Of those, the ones the chosen replica's cache held at placement (from its events).
     placed_cached_embeds: int = 0
+    #: Of those, the ones the chosen replica would spare the request at placement, by its
+    #: KV prefix or its encoder cache (``routers.spared_embeds``, from both caches' events).
+    placed_spared_embeds: int = 0
     #: Embeddings the router believed the chosen replica held (routers with a view),
     #: and of those the ones it really held.
     believed_embeds: int = 0
@@ -110,6 +115,7 @@ class RoutingResult:
             "mean_latency_steps": self.mean_latency_steps,
             "placed_embeds": self.placed_embeds,
             "placed_cached_embeds": self.placed_cached_embeds,
+            "placed_spared_embeds": self.placed_spared_embeds,
             "believed_embeds": self.believed_embeds,
             "believed_true_embeds": self.believed_true_embeds,
             "sticky_placements": self.sticky_placements,
@@ -211,7 +217,10 @@ class Cluster:
         for run in self.runs:
             run.pool = EventedPool.like(run.pool)  # before the first step: nothing allocated yet
         self.kv = KvBlockIndex(replicas)
-        self.router: Router = make_router(routing, replicas, self.index, **router_options)
+        self.hashes = PromptHashes()
+        self.router: Router = make_router(
+            routing, replicas, self.index, kv=self.kv, hashes=self.hashes, **router_options
+        )
         for feed in feeds:
             feed.router = self.router
         self.sticky = sticky
@@ -238,6 +247,8 @@ class Cluster:
             result.sticky_placements += 1
         items = request_items(spec)
         held = self.index.engine(replica).items
+        prefix = self.kv.prefix_tokens(replica, self.hashes.of(spec))  # every request, in arrival order
+        result.placed_spared_embeds += spared_embeds(spec, prefix, held)
         for identifier, embeds in items.items():
             result.placed_embeds += embeds
             cached = identifier in held
