@@ -1,5 +1,6 @@
 """Routing across replicas (``simulate --replicas``): each routing choice's
-behaviour, the exact-event index against the replicas' caches, the CLI's errors."""
+behaviour, the exact-event indexes (encoder cache and KV blocks) against the
+replicas' caches, the CLI's errors."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from encoder_cache.events.index import CacheIndex
 from encoder_cache.simulator.cluster import Cluster, simulate_routing
 from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.engine import simulate
+from encoder_cache.simulator.kv_events import BLOCK_REMOVED, BLOCK_STORED, EventedPool, KvBlockIndex, PromptHashes
 from encoder_cache.simulator.limits import SchedulerLimits
-from encoder_cache.simulator.routers import ROUTINGS, LruGuess, make_router
-from encoder_cache.simulator.spec import Item, RequestSpec
+from encoder_cache.simulator.prefix_cache import BLOCK_SIZE
+from encoder_cache.simulator.routers import ROUTINGS, LruGuess, make_router, spared_embeds
+from encoder_cache.simulator.spec import Item, ItemSegment, RequestSpec, Text
 from encoder_cache.simulator.trace import TraceWorkload
 from encoder_cache.simulator.variants import Variant
 from encoder_cache.simulator.workloads import WorkloadConfig, generate
@@ -34,11 +37,15 @@ def spec(request_id: str, *items: tuple[str, int], session: str | None = None) -
 
 
 def trace(tmp_path: Path, lines: list[tuple[float, list[tuple[str, int]]]]) -> TraceWorkload:
-    """A trace of one-off requests: (time, [(item, embeds), ...]), each with text of its own."""
+    """A trace of one-off requests: (time, [(item, embeds), ...]), each with text of its own.
+    An item named ``text:KEY`` with N embeds stands for N tokens of shared text KEY."""
     path = tmp_path / "t.jsonl"
     with path.open("w") as handle:
         for n, (t, items) in enumerate(lines):
-            prompt = [{"id": i, "embeds": e} for i, e in items] + [{"tokens": 20}]
+            prompt = [
+                {"text": i[5:], "tokens": e} if i.startswith("text:") else {"id": i, "embeds": e} for i, e in items
+            ]
+            prompt.append({"tokens": 20})
             handle.write(json.dumps({"t": t, "session": None, "id": f"r{n}", "output_tokens": 4, "prompt": prompt}))
             handle.write("\n")
     return TraceWorkload(str(path), 1.0)
@@ -77,6 +84,68 @@ def test_lru_guess_records_placements_evicts_the_oldest_and_never_hears_of_evict
     assert guess.choose(spec("q", ("c", 10)), [0, 0]) == 0
     assert guess.believes(0, "c") and not guess.believes(1, "c")
     assert isinstance(guess.lru[0], OrderedDict)
+
+
+def test_spared_embeds_counts_items_inside_the_kv_prefix_and_in_the_encoder_cache():
+    request = spec("a", ("x", 100), ("y", 200), ("z", 50))  # x ends at 105, y at 307, z at 360
+    assert spared_embeds(request, 0, set()) == 0
+    assert spared_embeds(request, 112, set()) == 100, "x's placeholders lie in the prefix"
+    assert spared_embeds(request, 304, set()) == 100, "y is covered only in part: it is encoded whole"
+    assert spared_embeds(request, 304, {"z"}) == 150, "z is in the encoder cache"
+    assert spared_embeds(request, 400, {"x"}) == 350, "each item counts once"
+    twice = RequestSpec("b", 0, None, None, 400, 4, (Item("x", 5, 100, "image"), Item("x", 200, 100, "image")))
+    assert spared_embeds(twice, 160, set()) == 0, "its second occurrence lies past the prefix"
+
+
+def _kv_index(replicas: int, stored: dict[int, list[int]]) -> KvBlockIndex:
+    kv = KvBlockIndex(replicas)
+    for replica, hashes in stored.items():
+        kv.apply(replica, [(BLOCK_STORED, h) for h in hashes])
+    return kv
+
+
+def test_cache_aware_kv_scores_the_work_each_replica_would_spare():
+    # Shared text, then x (16 embeds), y (100) and the question: replica 1 holds the prefix through x,
+    # replica 2 holds y in its encoder cache.
+    segments = (Text("sys", 31), ItemSegment("x", 16), ItemSegment("y", 100), Text(("q", 0), 40))
+    request = RequestSpec.described("q", 0, None, None, segments, 4)
+    hashes = PromptHashes().of(request)
+    assert len(hashes) == (request.prompt_tokens - 1) // BLOCK_SIZE
+    index = CacheIndex()
+    index.apply_events(2, 0, [{"type": "EncoderCacheStored", "hash": "y", "embeds": 100, "modality": "image"}])
+    kv = _kv_index(3, {0: hashes[:2], 1: hashes[:3]})  # 0 holds 32 tokens: x ends at 48; 1 holds 48
+    router = make_router("cache-aware+kv", 3, index, kv=kv, hashes=PromptHashes(), slack=4)
+    assert router.held(request, {"x": 16, "y": 100}) == [0, 16, 100]
+    assert router.choose(request, [0, 0, 0]) == 2
+    kv.apply(1, [(BLOCK_STORED, h) for h in hashes[3:]])
+    assert kv.prefix_blocks(1, hashes) == len(hashes)
+    assert router.held(request, {"x": 16, "y": 100}) == [0, 116, 100]
+    assert router.choose(request, [0, 3, 0]) == 1, "its whole prefix: both items spared"
+    assert router.choose(request, [0, 5, 0]) == 2, "overloaded: the encoder cache's replica"
+    with pytest.raises(ValueError, match="cache-aware\\+kv needs the replicas' KV block index"):
+        make_router("cache-aware+kv", 3, index)
+
+
+def test_the_kv_index_counts_blocks_per_hash_and_a_prefix_stops_at_the_first_gap():
+    kv = _kv_index(1, {0: [1, 2, 3, 2]})
+    kv.apply(0, [(BLOCK_REMOVED, 2)])
+    assert kv.blocks[0] == {1: 1, 2: 1, 3: 1}, "a second block still holds 2"
+    kv.apply(0, [(BLOCK_REMOVED, 2)])
+    assert kv.prefix_blocks(0, [1, 2, 3]) == 1 and kv.prefix_tokens(0, [1, 3]) == 2 * BLOCK_SIZE
+    kv.apply(0, [("AllBlocksCleared", None)])
+    assert kv.blocks[0] == {}
+
+
+def test_the_evented_pool_publishes_what_it_keys_and_unkeys():
+    pool = EventedPool(4, caching=True)
+    a, b = pool.allocate(2)
+    pool.cache(a, 11)
+    pool.cache(a, 12)  # already keyed: nothing
+    pool.cache(b, 11)  # a second block with the same hash
+    pool.release([a, b])
+    pool.allocate(3)  # hands out the free block first, then both keyed ones
+    assert pool.take_events() == [(BLOCK_STORED, 11), (BLOCK_STORED, 11), (BLOCK_REMOVED, 11), (BLOCK_REMOVED, 11)]
+    assert pool.take_events() == [] and pool.cached_hashes() == {}
 
 
 # --- whole runs --------------------------------------------------------------------
@@ -163,6 +232,76 @@ def test_on_popular_traffic_the_guess_is_often_wrong_and_the_events_never():
     assert aware.placed_cached_embeds > guess.placed_cached_embeds
 
 
+def test_cache_aware_kv_sends_a_request_to_the_replica_with_its_kv_prefix(tmp_path):
+    # x and x2 (a two-frame video) on replica 0; y on 1; z on 0 evicts both frames from its
+    # one-item encoder cache, while its KV cache keeps the prefix. The question comes back when
+    # round-robin's turn is replica 1.
+    video = [("x", 1000), ("x2", 1000)]
+    lines = [(0, video), (1, [("y", 1000)]), (2, [("z", 1000)]), (60, video)]
+    workload = trace(tmp_path, lines)
+    kv = simulate_routing(workload, LIMITS, Variant(), 2, "cache-aware+kv", cache_size=1000)
+    aware = simulate_routing(workload, LIMITS, Variant(), 2, "cache-aware", cache_size=1000)
+    assert [r.requests for r in kv.per_replica] == [3, 1]
+    assert kv.counters.encoded_embeds == 2000 + 1000 + 1000 + 1000, "x is spared by the prefix, x2 encoded again"
+    assert kv.placed_spared_embeds == 1000 and kv.placed_cached_embeds == 0
+    assert [r.requests for r in aware.per_replica] == [2, 2], "no encoder cache holds x: by load and turn"
+    assert aware.counters.encoded_embeds == 2 * 2000 + 2000
+
+
+def test_a_shared_text_prefix_alone_does_not_attract_a_request(tmp_path):
+    # Every replica holds the system prompt; the request's item is new: routed by load and turn.
+    workload = trace(tmp_path, [(0, [("text:sys", 64), ("x", 500)]), (1, [("text:sys", 64), ("y", 500)])])
+    kv = simulate_routing(workload, LIMITS, Variant(), 2, "cache-aware+kv")
+    assert [r.requests for r in kv.per_replica] == [1, 1] and kv.placed_spared_embeds == 0
+
+
+class _KvWatched(Cluster):
+    """Checks, at every routing decision, that the KV index is each replica's pool's cached hashes."""
+
+    checked = 0
+    removed = 0
+
+    def route(self, spec, clock):
+        for r, run in enumerate(self.runs):
+            assert self.kv.blocks[r] == run.pool.cached_hashes(), (r, clock)
+        type(self).checked += 1
+        super().route(spec, clock)
+
+    def _publish_kv_events(self):
+        for run in self.runs:
+            type(self).removed += sum(kind == BLOCK_REMOVED for kind, _ in run.pool.events)
+        super()._publish_kv_events()
+
+
+@pytest.mark.parametrize(
+    ("kind", "routing", "kv_capacity"),
+    [("mix", "cache-aware+kv", 262_144), ("mix", "round-robin", 16_384), ("chat", "cache-aware+kv", 16_384)],
+)
+def test_the_kv_index_equals_every_replicas_cached_blocks_at_every_decision(kind, routing, kv_capacity):
+    workload = generate(WorkloadConfig(kind=kind, requests=150, seed=2))
+    limits = SchedulerLimits(kv_capacity=kv_capacity)
+    cluster = _KvWatched(
+        workload,
+        limits,
+        Variant(),
+        3,
+        routing,
+        cache_size=None,
+        cost=EncoderCost(),
+        sticky=True,
+        check=False,
+        router_options={},
+    )
+    _KvWatched.checked = _KvWatched.removed = 0
+    result = cluster.run()
+    assert _KvWatched.checked == 150 and result.counters.requests == 150
+    for r, run in enumerate(cluster.runs):
+        assert cluster.kv.blocks[r] == run.pool.cached_hashes() != {}
+    assert (_KvWatched.removed > 0) == (kv_capacity < 262_144), "a small KV cache evicts blocks"
+    # The requests' hashes are the ones the replicas key: their prefixes cover items.
+    assert result.placed_spared_embeds > result.placed_cached_embeds
+
+
 class _Watched(Cluster):
     """Checks, at every routing decision, that the router's index is each replica's cache."""
 
@@ -208,10 +347,13 @@ def test_the_routing_table_and_its_json(capsys):
     rows = {line.split()[0] for line in out.splitlines() if line.split()[:1] and line.split()[0] in ROUTINGS}
     assert rows == set(ROUTINGS)
     assert "cache-aware routing encodes" in out and "3 replicas behind one router" in out
+    assert "cache-aware+kv routing encodes" in out and "spared at placement" in out
     assert main([*FAST, "--replicas", "2", "--routing", "round-robin,cache-aware", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [r["routing"] for r in data["results"]] == ["round-robin", "cache-aware"]
     assert data["cache_aware_vs_lru_guess"] is None and data["cache_aware_vs_round_robin"] is not None
+    assert data["cache_aware_kv_vs_round_robin"] is None
+    assert all("placed_spared_embeds" in r for r in data["results"])
     assert all(len(r["per_replica"]) == 2 for r in data["results"])
 
 

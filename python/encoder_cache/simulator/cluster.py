@@ -19,9 +19,17 @@ routers do with session affinity (the replica holds the session's KV prefix);
 events on (``observed_class(..., events=True)``): at the end of each step its
 ``StepEventLog`` record becomes the step's events, which are applied at once
 to one ``CacheIndex`` of all replicas (the reference consumer's index, as a
-subscriber would after a sub-millisecond trip). The cache-aware router scores
+subscriber would after a sub-millisecond trip). The cache-aware routers score
 with it; for the other routers it measures what was really cached where they
 placed each request.
+
+**KV-cache events.** Every replica's block pool is a ``kv_events.EventedPool``:
+it queues vLLM's ``BlockStored`` and ``BlockRemoved`` events, and after each
+window the cluster applies every replica's queue to one ``KvBlockIndex`` (at
+a routing decision it holds what every earlier step published, as the
+encoder-cache index does). ``cache-aware+kv`` scores with it and the
+requests' block hashes (``PromptHashes``); for every router it measures what
+the chosen replica would spare a request at placement.
 """
 
 from __future__ import annotations
@@ -36,9 +44,10 @@ from encoder_cache.observed import StepObservers, observed_class
 from encoder_cache.simulator.arrivals import Arrivals
 from encoder_cache.simulator.cost import EncoderCost
 from encoder_cache.simulator.engine import steppable
+from encoder_cache.simulator.kv_events import EventedPool, KvBlockIndex, PromptHashes
 from encoder_cache.simulator.limits import SchedulerLimits
 from encoder_cache.simulator.results import Counters, SimulationError
-from encoder_cache.simulator.routers import Router, make_router, request_items
+from encoder_cache.simulator.routers import Router, make_router, request_items, spared_embeds
 from encoder_cache.simulator.spec import RequestSpec
 from encoder_cache.simulator.variants import Variant, available_policies
 
@@ -71,6 +80,9 @@ class RoutingResult:
     placed_embeds: int = 0
     #: Of those, the ones the chosen replica's cache held at placement (from its events).
     placed_cached_embeds: int = 0
+    #: Of those, the ones the chosen replica would spare the request at placement, by its
+    #: KV prefix or its encoder cache (``routers.spared_embeds``, from both caches' events).
+    placed_spared_embeds: int = 0
     #: Embeddings the router believed the chosen replica held (routers with a view),
     #: and of those the ones it really held.
     believed_embeds: int = 0
@@ -103,6 +115,7 @@ class RoutingResult:
             "mean_latency_steps": self.mean_latency_steps,
             "placed_embeds": self.placed_embeds,
             "placed_cached_embeds": self.placed_cached_embeds,
+            "placed_spared_embeds": self.placed_spared_embeds,
             "believed_embeds": self.believed_embeds,
             "believed_true_embeds": self.believed_true_embeds,
             "sticky_placements": self.sticky_placements,
@@ -201,7 +214,13 @@ class Cluster:
             steppable(self.inboxes[r], limits, self.managers[r], budget, cost, lookahead=variant.lookahead, check=check)
             for r in range(replicas)
         ]
-        self.router: Router = make_router(routing, replicas, self.index, **router_options)
+        for run in self.runs:
+            run.pool = EventedPool.like(run.pool)  # before the first step: nothing allocated yet
+        self.kv = KvBlockIndex(replicas)
+        self.hashes = PromptHashes()
+        self.router: Router = make_router(
+            routing, replicas, self.index, kv=self.kv, hashes=self.hashes, **router_options
+        )
         for feed in feeds:
             feed.router = self.router
         self.sticky = sticky
@@ -228,6 +247,8 @@ class Cluster:
             result.sticky_placements += 1
         items = request_items(spec)
         held = self.index.engine(replica).items
+        prefix = self.kv.prefix_tokens(replica, self.hashes.of(spec))  # every request, in arrival order
+        result.placed_spared_embeds += spared_embeds(spec, prefix, held)
         for identifier, embeds in items.items():
             result.placed_embeds += embeds
             cached = identifier in held
@@ -284,11 +305,17 @@ class Cluster:
                 self.load_steps[r] += self.loads[r] * (horizon - clock)
                 inbox.horizon = horizon
                 self.runs[r].run(horizon)
+            self._publish_kv_events()
             clock = horizon
         for inbox, run in zip(self.inboxes, self.runs):
             inbox.horizon = None
             run.run()  # the end of the run: its final checks
+        self._publish_kv_events()
         return self._result(clock)
+
+    def _publish_kv_events(self) -> None:
+        for r, run in enumerate(self.runs):
+            self.kv.apply(r, run.pool.take_events())
 
     def _result(self, clock: int) -> RoutingResult:
         result = self.result

@@ -389,8 +389,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_names,
         metavar="LIST",
         help="routing choices: round-robin, least-loaded, lru-guess (llm-d's router-side LRU of placed item "
-        "hashes), cache-aware (the replicas' exact cache events), cache-aware+placed (the events plus the "
-        "router's unfinished placements) (default: all)",
+        "hashes), cache-aware (the replicas' exact encoder-cache events), cache-aware+placed (those events plus "
+        "the router's unfinished placements), cache-aware+kv (the exact events of both the encoder cache and "
+        "the KV cache: the encoder work each replica would spare) (default: all)",
     )
     routing.add_argument(
         "--overload-slack",

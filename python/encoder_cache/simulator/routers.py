@@ -9,33 +9,43 @@ finished, as a router counts them) and picks one replica per request:
   a router-side LRU of item hashes per replica, recorded when the router
   places a request there (nothing tells it what the replica evicted), sized
   at 4,096 MB per server at an assumed 2 MiB per entry (2,048 entries);
-- ``cache-aware``: the exact cache events of every replica, applied to an
+- ``cache-aware``: the exact encoder-cache events of every replica, applied to an
   ``encoder_cache.events.CacheIndex``, scored with its ``score(items)``;
 - ``cache-aware+placed``: the same events, plus the items of the requests the
   router has placed on each replica and not yet seen stored there (until the
   request finishes): what the replica is about to encode, before any event
-  can say so.
+  can say so;
+- ``cache-aware+kv``: the exact events of both caches, the encoder cache's
+  and vLLM's KV-cache events (``kv_events.py``). A replica's score is the
+  encoder work the request would be spared there (``spared_embeds``): the
+  items whose placeholders lie inside the replica's cached KV prefix for the
+  request are never encoded, and of the others those its encoder cache holds
+  are not encoded either.
 
-The two cache routers share one selection rule, so that only their view of
-the caches differs: among the replicas that are not overloaded (at most
-``slack`` requests more than the least-loaded one), the one holding most of
-the request's embeddings; ties go to the less loaded, then to the next in
-turn. (llm-d adds weighted scores of its scorers; a threshold keeps the
-comparison to the cache signal alone.)
+The cache routers share one selection rule, so that only their view of the
+caches differs: among the replicas that are not overloaded (at most
+``slack`` requests more than the least-loaded one), the one with the highest
+score (the embeddings of the request's items it holds, or for
+``cache-aware+kv`` the embeddings it would spare); ties go to the less
+loaded, then to the next in turn. (llm-d adds weighted scores of its
+scorers; a threshold keeps the comparison to the cache signal alone.)
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Container
 from typing import Any
 
 from encoder_cache.events.index import CacheIndex
+from encoder_cache.simulator.kv_events import KvBlockIndex, PromptHashes
 from encoder_cache.simulator.spec import RequestSpec
 
 __all__ = [
     "GUESS_ENTRIES",
     "ROUTINGS",
     "CacheAware",
+    "CacheAwareKv",
     "CacheAwarePlaced",
     "LeastLoaded",
     "LruGuess",
@@ -43,9 +53,10 @@ __all__ = [
     "Router",
     "make_router",
     "request_items",
+    "spared_embeds",
 ]
 
-ROUTINGS = ("round-robin", "least-loaded", "lru-guess", "cache-aware", "cache-aware+placed")
+ROUTINGS = ("round-robin", "least-loaded", "lru-guess", "cache-aware", "cache-aware+placed", "cache-aware+kv")
 #: llm-d's default: 4,096 MB per server over an assumed 2 MiB per cached item.
 GUESS_ENTRIES = 4096 // 2
 #: A replica is overloaded with more than this many requests above the least-loaded one.
@@ -55,6 +66,18 @@ DEFAULT_SLACK = 8
 def request_items(spec: RequestSpec) -> dict[str, int]:
     """The request's distinct items: identifier -> embeddings."""
     return {item.identifier: item.length for item in spec.items}
+
+
+def spared_embeds(spec: RequestSpec, prefix_tokens: int, cached: Container[str]) -> int:
+    """Embeddings of ``spec``'s distinct items a replica would not encode: those whose every
+    occurrence ends inside its cached KV prefix of ``prefix_tokens`` tokens, and those in ``cached``
+    (its encoder cache). An item the prefix covers only in part is encoded whole."""
+    ends: dict[str, int] = {}
+    embeds: dict[str, int] = {}
+    for item in spec.items:
+        ends[item.identifier] = max(ends.get(item.identifier, 0), item.offset + item.length)
+        embeds[item.identifier] = item.length
+    return sum(n for h, n in embeds.items() if ends[h] <= prefix_tokens or h in cached)
 
 
 class Router:
@@ -110,8 +133,8 @@ class _Affinity(Router):
         super().__init__(replicas)
         self.slack = slack
 
-    def held(self, items: dict[str, int]) -> list[int]:
-        """Embeddings of ``items`` each replica holds, in this router's view."""
+    def held(self, spec: RequestSpec, items: dict[str, int]) -> list[int]:
+        """Each replica's score for ``spec`` (its distinct ``items``), in this router's view."""
         raise NotImplementedError
 
     def choose(self, spec: RequestSpec, loads: list[int]) -> int:
@@ -119,7 +142,7 @@ class _Affinity(Router):
         items = request_items(spec)
         if not items:
             return min(order, key=lambda r: loads[r])
-        scores = self.held(items)
+        scores = self.held(spec, items)
         least = min(loads)
         eligible = [r for r in order if loads[r] <= least + self.slack]
         return max(eligible, key=lambda r: (scores[r], -loads[r]))
@@ -135,7 +158,7 @@ class LruGuess(_Affinity):
         self.entries = entries
         self.lru: list[OrderedDict[str, None]] = [OrderedDict() for _ in range(replicas)]
 
-    def held(self, items: dict[str, int]) -> list[int]:
+    def held(self, spec: RequestSpec, items: dict[str, int]) -> list[int]:
         # A lookup does not refresh an entry (llm-d uses Contains, not Get).
         return [sum(n for h, n in items.items() if h in lru) for lru in self.lru]
 
@@ -160,7 +183,7 @@ class CacheAware(_Affinity):
         super().__init__(replicas, slack)
         self.index = index
 
-    def held(self, items: dict[str, int]) -> list[int]:
+    def held(self, spec: RequestSpec, items: dict[str, int]) -> list[int]:
         scores = self.index.score(items)
         return [scores.get(r, 0) for r in range(self.replicas)]
 
@@ -179,7 +202,7 @@ class CacheAwarePlaced(CacheAware):
         #: Per replica: identifier -> the unfinished placed requests waiting for it to be stored.
         self.in_flight: list[dict[str, set[str]]] = [{} for _ in range(replicas)]
 
-    def held(self, items: dict[str, int]) -> list[int]:
+    def held(self, spec: RequestSpec, items: dict[str, int]) -> list[int]:
         scores = []
         for r in range(self.replicas):
             cached, placed = self.index.engine(r).items, self.in_flight[r]
@@ -209,8 +232,37 @@ class CacheAwarePlaced(CacheAware):
         return super().believes(replica, identifier) or identifier in self.in_flight[replica]
 
 
-def make_router(name: str, replicas: int, index: CacheIndex, *, slack: int = DEFAULT_SLACK, **options: Any) -> Router:
-    """The router called ``name`` (one of ``ROUTINGS``); ``index`` is the replicas' exact cache index."""
+class CacheAwareKv(CacheAware):
+    """Both caches' exact events: each replica scored by the embeddings it would spare the request."""
+
+    name = "cache-aware+kv"
+
+    def __init__(self, replicas: int, slack: int, index: CacheIndex, kv: KvBlockIndex, hashes: PromptHashes) -> None:
+        super().__init__(replicas, slack, index)
+        self.kv = kv
+        self.hashes = hashes
+
+    def held(self, spec: RequestSpec, items: dict[str, int]) -> list[int]:
+        hashes = self.hashes.of(spec)
+        return [
+            spared_embeds(spec, self.kv.prefix_tokens(r, hashes), self.index.engine(r).items)
+            for r in range(self.replicas)
+        ]
+
+
+def make_router(
+    name: str,
+    replicas: int,
+    index: CacheIndex,
+    *,
+    kv: KvBlockIndex | None = None,
+    hashes: PromptHashes | None = None,
+    slack: int = DEFAULT_SLACK,
+    **options: Any,
+) -> Router:
+    """The router called ``name`` (one of ``ROUTINGS``); ``index`` is the replicas' exact
+    encoder-cache index, ``kv`` their KV block index and ``hashes`` the requests' block
+    hashes (``cache-aware+kv`` needs both)."""
     if name == "round-robin":
         return RoundRobin(replicas)
     if name == "least-loaded":
@@ -221,4 +273,8 @@ def make_router(name: str, replicas: int, index: CacheIndex, *, slack: int = DEF
         return CacheAware(replicas, slack, index)
     if name == "cache-aware+placed":
         return CacheAwarePlaced(replicas, slack, index)
+    if name == "cache-aware+kv":
+        if kv is None or hashes is None:
+            raise ValueError("cache-aware+kv needs the replicas' KV block index and the requests' block hashes")
+        return CacheAwareKv(replicas, slack, index, kv, hashes)
     raise ValueError(f"unknown routing {name!r}; choose from {', '.join(ROUTINGS)}")

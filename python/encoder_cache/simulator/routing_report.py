@@ -1,5 +1,6 @@
 """The routing table: one row per routing choice, and the lines that say what
-exact cache events buy over round-robin and over the router-side LRU guess."""
+exact cache events (the encoder cache's, and with ``cache-aware+kv`` the KV
+cache's too) buy over round-robin and over the router-side LRU guess."""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ class RoutingReport:
             "vs round-robin",
             "re-encoded",
             "cached at placement",
+            "spared at placement",
             "guess right",
             "load imbalance",
             "drain (steps)",
@@ -86,6 +88,7 @@ class RoutingReport:
                     _pct(r.counters.encoded_embeds, base.counters.encoded_embeds) if base else "n/a",
                     f"{r.counters.recomputed_embeds:,}",
                     f"{r.placed_cached_embeds / r.placed_embeds:.1%}" if r.placed_embeds else "n/a",
+                    f"{r.placed_spared_embeds / r.placed_embeds:.1%}" if r.placed_embeds else "n/a",
                     "-" if precision is None else f"{precision:.1%}",
                     f"{r.load_imbalance:.3f}",
                     f"{r.drain_steps:,}",
@@ -101,7 +104,7 @@ class RoutingReport:
         """What the exact-event routers save against round-robin and the LRU guess, with load imbalance."""
         by = self._by_name()
         out = []
-        for name in ("cache-aware", "cache-aware+placed"):
+        for name in ("cache-aware", "cache-aware+placed", "cache-aware+kv"):
             aware = by.get(name)
             if aware is None:
                 continue
@@ -143,4 +146,6 @@ class RoutingReport:
             "cache_aware_vs_lru_guess": saving("cache-aware", "lru-guess"),
             "cache_aware_placed_vs_round_robin": saving("cache-aware+placed", "round-robin"),
             "cache_aware_placed_vs_lru_guess": saving("cache-aware+placed", "lru-guess"),
+            "cache_aware_kv_vs_round_robin": saving("cache-aware+kv", "round-robin"),
+            "cache_aware_kv_vs_lru_guess": saving("cache-aware+kv", "lru-guess"),
         }
