@@ -16,8 +16,8 @@ routers do with session affinity (the replica holds the session's KV prefix);
 ``sticky=False`` routes every turn afresh.
 
 **Cache events.** Every replica's manager is the one the vLLM hook runs with
-events on (``observed_class(..., events=True)``): at the end of each step its
-``StepEventLog`` record becomes the step's events, which are applied at once
+events on (``observed_class`` with a publisher): at the end of each step its
+``EventBatch`` (``take_event_batch()``) gives the step's events, applied at once
 to one ``CacheIndex`` of all replicas (the reference consumer's index, as a
 subscriber would after a sub-millisecond trip). The cache-aware routers score
 with it; for the other routers it measures what was really cached where they
