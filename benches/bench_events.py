@@ -20,7 +20,9 @@ BENCHMARKS.md, "Cache events":
 - *Step cost*: vLLM's scheduler with ``encoder_cache.vllm.Scheduler`` on the
   workloads of ``bench_vllm_scheduler.py``, without and with
   ``events_endpoint`` (plus a replay socket, and a subscriber process
-  attached, so batches really go out). Rounds interleave the two; each step
+  attached, so batches really go out), and events off once more beside them
+  (the difference of the two "off" columns is the harness's noise). Rounds
+  interleave the three; each step
   is taken at its fastest round and the mean over steps is reported (the
   method of ``bench_vllm_scheduler.py``). Run twice: steps back to back (the
   publisher's thread then takes the GIL inside the timed steps), and with
@@ -236,11 +238,12 @@ def step_cost(rounds: int, model_seconds: float = 0.0) -> list[dict[str, Any]]:
             child = context.Process(target=_drain, args=(events["events_endpoint"], started), daemon=True)
             child.start()
             started.wait(60)
-            steps: dict[str, list[list[int]]] = {"off": [], "on": []}
+            # "off again": the same as "off", measured beside it, so the table shows the harness's noise.
+            steps: dict[str, list[list[int]]] = {"off": [], "on": [], "off again": []}
             batches = 0
             try:
                 for _ in range(rounds):
-                    for variant in ("off", "on"):
+                    for variant in steps:
                         scheduler = harness.build_scheduler(
                             "scheduler",
                             model,
@@ -257,7 +260,7 @@ def step_cost(rounds: int, model_seconds: float = 0.0) -> list[dict[str, Any]]:
                         finally:
                             gc.enable()
                         if variant == "on":
-                            batches = scheduler.encoder_cache_manager.observers.publisher.published
+                            batches = scheduler.encoder_cache_manager.observers.events.published
                         scheduler.shutdown()
             finally:
                 child.kill()
@@ -271,6 +274,7 @@ def step_cost(rounds: int, model_seconds: float = 0.0) -> list[dict[str, Any]]:
                     "off_us": means["off"],
                     "on_us": means["on"],
                     "change": means["on"] / means["off"] - 1,
+                    "noise": means["off again"] / means["off"] - 1,
                 }
             )
     return rows
@@ -319,12 +323,12 @@ def main() -> None:
     for model_ms in (0.0, args.model_ms):
         wait = f"a {model_ms:g} ms model wait after each schedule()" if model_ms else "steps back to back"
         print(f"\nvLLM scheduler step (encoder_cache.vllm.Scheduler), events off vs on, {args.rounds} rounds, {wait}:")
-        print("| workload | steps | batches | off µs/step | on µs/step | change |")
-        print("|---|---:|---:|---:|---:|---:|")
+        print("| workload | steps | batches | off µs/step | on µs/step | change | off again vs off |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for row in step_cost(args.rounds, model_ms / 1e3):
             print(
                 f"| {row['workload']} | {row['steps']} | {row['batches']} | {row['off_us']:.1f} | {row['on_us']:.1f} "
-                f"| {row['change']:+.1%} |"
+                f"| {row['change']:+.1%} | {row['noise']:+.1%} |"
             )
 
 

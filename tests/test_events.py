@@ -74,6 +74,7 @@ def publishing_manager(cache_size: int, publisher: EventPublisher) -> Any:
 def catch_up(subscriber: CacheEventSubscriber, publisher: EventPublisher, name: Any = "e") -> None:
     """Poll until the publisher has sent everything and the subscriber applied it,
     replaying the tail (a lost last batch shows no gap); bounded."""
+    publisher.flush()  # everything published so far is sent: a replay from here asks for no batch in flight
     for _ in range(200):
         subscriber.poll(0.02)
         if publisher.sent == publisher.published and subscriber.engine(name).seq == publisher.sent - 1:
@@ -277,6 +278,77 @@ def test_publish_subscribe_gap_and_replay(ipc_dir: str) -> None:
         assert {m for _, m in engine.items.values()} <= {"image", "audio", "video"}
 
 
+def test_a_watched_manager_is_drained_by_the_publishers_thread(ipc_dir: str) -> None:
+    """The vLLM hook's way: a plain manager (no per-step hook) whose log the
+    publisher's thread drains; steps taken in bursts between its rounds, and
+    a subscriber that misses messages, still end with the manager's cached set."""
+    pub_endpoint, replay_endpoint = endpoints(ipc_dir)
+    with (
+        EventPublisher(pub_endpoint, replay_endpoint=replay_endpoint, interval=0.002) as publisher,
+        LossySubscriber({"e": Engine(pub_endpoint, replay_endpoint)}, drop={1, 4}) as subscriber,
+    ):
+        subscriber.sync("e")
+        manager = EncoderCacheManager(96)
+        publisher.watch(manager)
+        assert manager.take_step_events() == (False, [], []), "watch() turned the manager's events on"
+        for seed in range(12):
+            run_steps(manager, 4, seed=seed)
+            time.sleep(0.004 if seed % 2 else 0)
+            subscriber.poll(0.001)
+        publisher.flush()
+        assert publisher.published == publisher.sent >= 6, "the thread drains in rounds, one message each"
+        catch_up(subscriber, publisher)
+        assert subscriber.dropped == 2 and subscriber.replays >= 1
+        assert subscriber.engine("e").complete
+        assert index_items(subscriber) == cached_items(manager)
+        with pytest.raises(ValueError, match="watches a manager already"):
+            publisher.watch(manager)
+
+
+class BusyOnce:
+    """A manager the scheduler's thread holds at the first drain (PyO3 raises RuntimeError)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.enabled = False
+
+    def enable_events(self) -> None:
+        self.enabled = True
+
+    def take_event_batch(self) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("Already mutably borrowed")
+        return EventBatch(False, [], [("a", 4, "image")]) if self.calls == 2 else None
+
+
+def test_a_drain_that_finds_the_manager_busy_waits_for_the_next_round(ipc_dir: str) -> None:
+    with EventPublisher(f"ipc://{ipc_dir}/p", interval=0.001) as publisher:
+        source = BusyOnce()
+        publisher.watch(source)
+        publisher.flush()
+        publisher.flush()
+        assert source.enabled and source.calls >= 3
+        assert publisher.sent == publisher.published == 1
+
+
+def test_close_drains_the_watched_manager(ipc_dir: str) -> None:
+    """A long interval: what the manager recorded since the last round goes out at close()."""
+    publisher = EventPublisher(f"ipc://{ipc_dir}/p", interval=1.0)
+    manager = EncoderCacheManager(96)
+    publisher.watch(manager)
+    publisher.flush()  # the first rounds, right after watch()
+    run_steps(manager, 3, seed=1)
+    publisher.close()
+    assert manager.take_event_batch() is None, "close() took everything"
+    with pytest.raises(RuntimeError, match="closed"):
+        publisher.flush()
+    index = CacheIndex()
+    for seq, payload in publisher._ring:
+        index.apply_events("e", seq, wire.decode_batch(payload)[1])
+    assert publisher.sent >= 1 and {h: n for h, (n, _) in index.engine("e").items.items()} == cached_items(manager)
+
+
 def test_a_late_subscriber_learns_the_past_by_replay(ipc_dir: str) -> None:
     pub_endpoint, replay_endpoint = endpoints(ipc_dir)
     with EventPublisher(pub_endpoint, replay_endpoint=replay_endpoint) as publisher:
@@ -323,6 +395,39 @@ def test_a_stalled_subscriber_never_holds_the_publisher(ipc_dir: str) -> None:
             assert len(subscriber.engine("e").items) == 3000
     finally:
         publisher.close()
+
+
+@pytest.mark.parametrize("interval", [0.0, 0.005])
+def test_a_parked_publisher_wakes_for_each_later_batch(ipc_dir: str, interval: float) -> None:
+    """Without a replay socket the thread waits for nothing but a publish: every
+    batch published after it parked (one at a time, or while it is sending) goes out."""
+    publisher = EventPublisher(f"ipc://{ipc_dir}/p", interval=interval)
+    try:
+        for round_ in range(20):
+            for n in range(round_ % 3 + 1):
+                publisher.publish([wire.stored(f"h{round_}.{n}", 1, "image")])
+            wait_sent(publisher)
+        total = sum(round_ % 3 + 1 for round_ in range(20))
+        assert publisher.sent == publisher.published == total
+        assert [seq for seq, _ in publisher._ring] == list(range(total))
+    finally:
+        publisher.close()
+
+
+def test_close_sends_what_is_pending(ipc_dir: str) -> None:
+    """A long interval: close() does not wait it out, and what was published still goes out."""
+    publisher = EventPublisher(f"ipc://{ipc_dir}/p", interval=1.0)
+    for n in range(5):
+        publisher.publish([wire.stored(f"h{n}", 1, "image")])
+    began = time.monotonic()
+    publisher.close()
+    assert publisher.sent == 5
+    assert time.monotonic() - began < 0.9, "close() cut the interval short"
+
+
+def test_a_bad_interval_is_refused(ipc_dir: str) -> None:
+    with pytest.raises(ValueError, match="interval"):
+        EventPublisher(f"ipc://{ipc_dir}/p", interval=-1)
 
 
 def test_a_batch_that_cannot_be_built_is_a_gap_no_replay_fills(ipc_dir: str, caplog: pytest.LogCaptureFixture) -> None:

@@ -187,7 +187,7 @@ def test_without_either_one_startup_line_says_how(monkeypatch: pytest.MonkeyPatc
     announced: list[str] = []
     observers = ObserveOptions.parse({}).observers(announce=announced.append)
     assert announced == [METRICS_OFF_LINE]
-    assert observers.metrics is None and observers.publisher is None
+    assert observers.metrics is None and observers.publisher is None and observers.events is None
     assert MULTIPROC_ENV in METRICS_OFF_LINE and "metrics_port" in METRICS_OFF_LINE
 
 
@@ -221,6 +221,9 @@ def test_counters_never_go_down_across_reset_stats() -> None:
         ({"events_endpoint": "127.0.0.1:5"}, "events_endpoint"),
         ({"events_topic": "t"}, "needs events_endpoint"),
         ({"events_endpoint": "ipc:///tmp/x", "events_buffer_steps": 0}, "events_buffer_steps"),
+        ({"events_endpoint": "ipc:///tmp/x", "events_interval_ms": -1}, "events_interval_ms"),
+        ({"events_endpoint": "ipc:///tmp/x", "events_interval_ms": "5"}, "events_interval_ms"),
+        ({"events_interval_ms": 1}, "needs events_endpoint"),
     ],
 )
 def test_bad_options_are_refused_naming_the_key(options: dict[str, Any], message: str) -> None:

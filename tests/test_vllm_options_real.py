@@ -123,4 +123,5 @@ def test_stock_manager_classes_are_untouched(model):
         "events_replay_endpoint",
         "events_topic",
         "events_buffer_steps",
+        "events_interval_ms",
     )

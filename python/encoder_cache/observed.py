@@ -1,10 +1,13 @@
-"""A manager that reports on itself once per scheduler step: log lines, Prometheus metrics, cache events.
+"""What a manager reports: log lines and Prometheus metrics once per scheduler step, cache events.
 
 The scheduler calls ``get_freed_mm_hashes()`` once at the end of every step;
-that call is where ``StepObservers`` runs. Nothing is added to the per-item
-calls: with events on, the manager's core records what it stores, drops and
-clears (``enable_events()``), and the step's end drains it as one
-``EventBatch`` (``take_event_batch()``), which the publisher's thread encodes.
+that call is where ``StepObservers`` runs its log line and metrics update.
+Nothing is added to the per-item calls. Cache events need no per-step call
+at all: the manager's core records what it stores, drops and clears
+(``enable_events()``), and an ``EventPublisher`` that watches the manager
+drains that from its own thread (``StepObservers.events``). A per-step
+consumer (``StepObservers.publisher``, as the simulator's replicas use) is
+given each step's ``EventBatch`` at the step's end instead.
 
 ``observed_class(base)`` makes the class: ``base`` is a manager class with
 vLLM 0.33's API (``encoder_cache.EncoderCacheManager`` or a subclass); the
@@ -29,9 +32,11 @@ class StepObservers:
 
     - ``log``: called with ``stats()`` every ``log_interval`` seconds (0: never);
     - ``metrics``: a ``CacheMetrics`` updated at most every ``metrics_interval`` seconds;
-    - ``publisher``: an ``EventPublisher`` (anything with ``publish``) given each
-      step's ``EventBatch`` (``take_event_batch()``); steps that changed
-      nothing publish nothing.
+    - ``publisher``: anything with ``publish``, given each step's
+      ``EventBatch`` (``take_event_batch()``) at the step's end; steps that
+      changed nothing publish nothing;
+    - ``events``: an ``EventPublisher`` that watches the manager from its own
+      thread (``EventPublisher.watch``), closed with the observers.
     """
 
     def __init__(
@@ -42,12 +47,14 @@ class StepObservers:
         metrics: Any = None,
         metrics_interval: float = 1.0,
         publisher: Any = None,
+        events: Any = None,
     ) -> None:
         self.log = log if log_interval > 0 else None
         self.log_interval = log_interval
         self.metrics = metrics
         self.metrics_interval = metrics_interval
         self.publisher = publisher
+        self.events = events
         self._next_log = 0.0
         self._next_metrics = 0.0
 
@@ -72,9 +79,15 @@ class StepObservers:
         """Copy the manager's ``stats()`` into the metrics now."""
         self.metrics.update(manager.stats(), manager.cache_size)
 
+    @property
+    def per_step(self) -> bool:
+        """Whether anything runs at each step's end (else the manager needs no hook)."""
+        return self.log is not None or self.metrics is not None or self.publisher is not None
+
     def close(self) -> None:
-        if self.publisher is not None:
-            self.publisher.close()
+        for publisher in (self.publisher, self.events):
+            if publisher is not None:
+                publisher.close()
 
 
 class _Observed:
@@ -124,6 +137,7 @@ OBSERVE_KEYS = (
     "events_replay_endpoint",
     "events_topic",
     "events_buffer_steps",
+    "events_interval_ms",
 )
 
 #: What the startup line says when no metrics are exported.
@@ -147,7 +161,10 @@ class ObserveOptions:
       are bound, others connected to); off without it.
     - ``events_replay_endpoint``: bind a replay socket here (e.g. ``tcp://*:5571``).
     - ``events_topic``: the topic frame (default ``encoder-cache``).
-    - ``events_buffer_steps``: batches (steps) kept for replay (default 10,000).
+    - ``events_buffer_steps``: batches (messages) kept for replay (default 10,000).
+    - ``events_interval_ms``: how often the publisher's thread drains the
+      manager's events and sends them, as one message (default 20, at most
+      1,000; 0 drains as often as the thread gets the GIL).
 
     With several engines, the endpoints' ports move up by the engine index, as
     vLLM's KV-event endpoints do.
@@ -159,6 +176,7 @@ class ObserveOptions:
     events_replay_endpoint: str | None = None
     events_topic: str = wire.DEFAULT_TOPIC
     events_buffer_steps: int = 10_000
+    events_interval_ms: float = 20.0
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> ObserveOptions:
@@ -177,12 +195,15 @@ class ObserveOptions:
             if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
                 raise ValueError(f"manager_config {key} must be a tcp://, ipc:// or inproc:// endpoint, got {value!r}")
         if strings["events_endpoint"] is None:
-            for key in ("events_replay_endpoint", "events_topic", "events_buffer_steps"):
+            for key in ("events_replay_endpoint", "events_topic", "events_buffer_steps", "events_interval_ms"):
                 if key in options:
                     raise ValueError(f"manager_config {key} needs events_endpoint")
         steps = options.get("events_buffer_steps", 10_000)
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"manager_config events_buffer_steps must be a positive int, got {steps!r}")
+        interval = options.get("events_interval_ms", 20.0)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval <= 1000:
+            raise ValueError(f"manager_config events_interval_ms must be a number from 0 to 1000, got {interval!r}")
         return cls(
             port,
             strings["metrics_host"] or "0.0.0.0",
@@ -190,6 +211,7 @@ class ObserveOptions:
             strings["events_replay_endpoint"],
             wire.DEFAULT_TOPIC if strings["events_topic"] is None else strings["events_topic"],
             steps,
+            float(interval),
         )
 
     def observers(
@@ -202,8 +224,9 @@ class ObserveOptions:
         announce: Callable[[str], None] | None = None,
     ) -> StepObservers:
         """The observers these options ask for, for engine ``engine``: starts the
-        metrics exporter and the event publisher. ``announce`` gets the startup
-        line when no metrics are exported."""
+        metrics exporter and the event publisher (as ``events``, for the caller
+        to ``watch`` the manager with). ``announce`` gets the startup line when
+        no metrics are exported."""
         from encoder_cache import metrics as prom
 
         cache_metrics = None
@@ -214,16 +237,17 @@ class ObserveOptions:
             cache_metrics = prom.CacheMetrics(model_name=model_name, engine=engine, registry=registry)
         elif announce is not None:
             announce(METRICS_OFF_LINE)
-        publisher = None
+        events = None
         if self.events_endpoint is not None:
             from encoder_cache.events.publisher import EventPublisher, engine_endpoint
 
             replay = self.events_replay_endpoint
-            publisher = EventPublisher(
+            events = EventPublisher(
                 engine_endpoint(self.events_endpoint, engine),
                 replay_endpoint=None if replay is None else engine_endpoint(replay, engine),
                 topic=self.events_topic,
                 buffer_steps=self.events_buffer_steps,
                 engine=engine,
+                interval=self.events_interval_ms / 1e3,
             )
-        return StepObservers(log=log, log_interval=log_interval, metrics=cache_metrics, publisher=publisher)
+        return StepObservers(log=log, log_interval=log_interval, metrics=cache_metrics, events=events)

@@ -192,11 +192,11 @@ class EncoderCacheManager(_core.EncoderCacheManager):
             log_interval=options.log_stats_interval,
             announce=_logger.info,
         )
-        if observers.log is None and observers.metrics is None and observers.publisher is None:
-            manager = cls(size, policy=options.policy)
-        else:
-            manager = observed_class(cls)(size, policy=options.policy)
-            manager.observers = observers
+        manager = (observed_class(cls) if observers.per_step else cls)(size, policy=options.policy)
+        if observers.per_step or observers.events is not None:
+            manager.observers = observers  # closed by the scheduler subclasses' shutdown()
+        if observers.events is not None:
+            observers.events.watch(manager)
         manager.lookahead = options.lookahead
         _log_capacity(size, cache_size, per_embed, options)
         return manager

@@ -1,24 +1,30 @@
 """Publishes event batches over ZMQ from a background thread (see ``wire`` for the format).
 
-The scheduler's side is ``publish(batch)``: one ``SimpleQueue.put`` of the
-step's ``EventBatch`` (the manager's events, still Rust data), which never
-waits. A daemon thread takes the batches in order, numbers them, encodes them
-(``EventBatch.encode``: the payload's bytes are written in Rust, with no
-Python object per event), sends each on the PUB socket without waiting (ZMQ
-drops messages for a subscriber whose queue is at its high-water mark, so a
-slow subscriber loses messages, never holds up a step) and keeps the last
-``buffer_steps`` encoded batches in a ring for replay. Between batches it
-answers replay requests on the ROUTER socket.
+Two ways in, both leaving the scheduler's thread nothing to do per step:
 
-The queue between the two sides has no bound: the thread never waits on the
-network, so it empties the queue as fast as it encodes (see BENCHMARKS.md,
-"Cache events"); a step adds one object to it.
+- ``watch(manager)``, as the vLLM hook runs it: the thread itself drains the
+  manager's event log (``take_event_batch()``) every ``interval`` (20 ms by
+  default), so each message carries the events of the steps of one interval,
+  and the scheduler's thread only pays for the core's recording;
+- ``publish(batch)``: a batch (an ``EventBatch`` or a list of event maps) is
+  appended to a list, which never waits; the first batch after the thread
+  has parked wakes it, it lets the batches of one ``interval`` gather, then
+  sends them one message each.
+
+Waking another Python thread once per step would cost the scheduler's thread
+more than the events themselves (the wake-up and the hand-over of the GIL;
+BENCHMARKS.md, "Cache events"), hence the interval. The thread numbers each
+batch, encodes it (``EventBatch.encode``: the payload is written in Rust,
+with no Python object per event) and sends it on the PUB socket without
+waiting: ZMQ drops messages for a subscriber whose queue is at its
+high-water mark, so a slow subscriber loses messages, never holds up a step.
+The last ``buffer_steps`` encoded batches stay in a ring for replay; the
+thread answers replay requests on the ROUTER socket between rounds.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -29,7 +35,6 @@ from encoder_cache.events import wire
 __all__ = ["EventPublisher", "binds", "engine_endpoint"]
 
 _logger = logging.getLogger("vllm.encoder_cache")
-_STOP = object()
 
 
 def _zmq() -> Any:
@@ -66,13 +71,15 @@ def binds(endpoint: str) -> bool:
 
 class EventPublisher:
     """A PUB socket on ``endpoint`` (bound or connected, see ``binds``) and a
-    ROUTER bound to ``replay_endpoint``, sending the batches given to
-    ``publish`` under ``topic``, numbered from 0.
+    ROUTER bound to ``replay_endpoint``, sending the batches of the watched
+    manager and those given to ``publish`` under ``topic``, numbered from 0.
 
     ``engine`` goes into every payload and ``medium`` into every stored and
     removed event; ``buffer_steps`` batches are kept for replay; ``hwm`` is
     the PUB socket's send high-water mark (messages queued per subscriber
-    before ZMQ drops).
+    before ZMQ drops); ``interval``, in seconds, is how often the thread
+    drains a watched manager, and how long it lets published batches gather
+    once woken (see the module doc).
     """
 
     def __init__(
@@ -85,9 +92,12 @@ class EventPublisher:
         engine: int = 0,
         medium: str = wire.MEDIUM,
         hwm: int = 100_000,
+        interval: float = 0.02,
     ) -> None:
         if buffer_steps < 1:
             raise ValueError(f"buffer_steps must be >= 1, got {buffer_steps}")
+        if not 0 <= interval <= 1:
+            raise ValueError(f"interval must be between 0 and 1 second, got {interval}")
         zmq = _zmq()
         wire.codec()  # fail here, not in the thread, without a msgpack codec
         self.topic = topic.encode()
@@ -116,7 +126,16 @@ class EventPublisher:
         self.endpoint = self._pub.getsockopt(zmq.LAST_ENDPOINT).decode() if binds(endpoint) else endpoint
         self.replay_endpoint = None if self._replay is None else self._replay.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._ring: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.interval = interval
+        # Batches not yet taken by the thread, and whether the next publish must
+        # wake it; both change under `_lock` (see `publish` and `_take`).
+        self._pending: list[tuple[float, Any]] = []
+        self._parked = True
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._source: Any = None
+        self._rounds = 0  # rounds of the thread's loop finished
         #: Batches given to ``publish``, and batches sent so far (the next sequence number).
         self.published = 0
         self.sent = 0
@@ -128,12 +147,48 @@ class EventPublisher:
         anything with its ``encode(timestamp, engine, medium)``, encoded on
         the publisher's thread), or a list of event maps; returns at once."""
         self.published += 1
-        self._queue.put((time.time(), events))
+        with self._lock:
+            self._pending.append((time.time(), events))
+            if self._parked:
+                self._parked = False
+                self._wake.set()
+
+    def watch(self, manager: Any) -> None:
+        """Turn ``manager``'s events on and drain them from the publisher's
+        thread every ``interval`` (``take_event_batch()``), until ``close``.
+
+        The manager is called only while the thread holds the GIL; a drain
+        that finds the manager in use by another thread (a call of its that
+        ran Python code, which let this thread in) waits for the next round.
+        """
+        if self._source is not None:
+            raise ValueError("this publisher watches a manager already")
+        manager.enable_events()
+        self._source = manager
+        self._wake.set()
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait until the thread has sent every batch published before this
+        call and what the watched manager recorded before it. Raises
+        RuntimeError once the publisher is closed, TimeoutError if that takes
+        longer than ``timeout`` seconds."""
+        target = self._rounds + 2  # the round running now may have drained before this call
+        deadline = time.monotonic() + timeout
+        self._wake.set()
+        while self._rounds < target:
+            if not self._thread.is_alive():
+                raise RuntimeError("the event publisher is closed")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the event publisher's thread did not finish a round in {timeout} s")
+            self._wake.set()
+            time.sleep(0.0005)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Send what is queued, stop the thread and close the sockets."""
+        """Send what is pending (and what the watched manager still holds),
+        stop the thread and close the sockets."""
         if self._thread.is_alive():
-            self._queue.put(_STOP)
+            self._stopping = True
+            self._wake.set()
             self._thread.join(timeout)
         self._close_sockets()
 
@@ -150,43 +205,71 @@ class EventPublisher:
         self._context.term()
 
     def _run(self) -> None:
-        zmq = self._zmq
-        get = self._queue.get
-        pub, replay, ring = self._pub, self._replay, self._ring
-        topic, engine, medium = self.topic, self.engine, self.medium
-        poll = 0.05 if replay is not None else None
+        replay = self._replay
+        # With a replay socket and nothing watched, the thread looks for requests this often while parked.
+        idle = 0.05 if replay is not None else None
         while True:
+            source = self._source
+            self._wake.wait(idle if source is None else self.interval)
             if replay is not None and replay.poll(0):
                 try:
                     self._answer_replay()
                 except Exception:  # a bad request must not stop the stream
                     _logger.exception("encoder cache events: a replay request failed")
-            try:
-                item = get(timeout=poll)
-            except queue.Empty:
-                continue
-            if item is _STOP:
+            if self._stopping:
+                for batch in self._take():
+                    self._send(*batch)
+                if source is not None:
+                    self._drain(source)
                 return
-            timestamp, events = item
-            seq = self.sent
-            self.sent = seq + 1
-            try:
-                if isinstance(events, list):
-                    payload = wire.encode_batch(timestamp, events, engine)
-                else:
-                    payload = events.encode(timestamp, engine, medium)
-            except Exception:
-                # The number stays used and nothing is sent or kept: subscribers see a
-                # gap no replay fills, and know their view of this engine is incomplete.
-                _logger.exception("encoder cache events: could not build batch %d; it is lost", seq)
-                continue
-            ring.append((seq, payload))
-            try:
-                pub.send_multipart((topic, wire.encode_seq(seq), payload), flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                pass  # no room for a subscriber: it sees the gap and asks for a replay
-            except zmq.ZMQError:
-                _logger.exception("encoder cache events: could not send batch %d", seq)
+            if source is None and self._pending and self.interval:
+                time.sleep(self.interval)  # let this interval's batches gather
+            for batch in self._take():
+                self._send(*batch)
+            if source is not None:
+                self._drain(source)
+            self._rounds += 1
+
+    def _drain(self, source: Any) -> None:
+        """Send what the watched manager recorded since the last drain."""
+        try:
+            batch = source.take_event_batch()
+        except RuntimeError:
+            return  # borrowed by the scheduler's thread right now: the next round takes it
+        if batch is not None:
+            self.published += 1
+            self._send(time.time(), batch)
+
+    def _take(self) -> list[tuple[float, Any]]:
+        """Every pending batch, in order; the thread is parked from then on."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._parked = True
+            self._wake.clear()
+        return pending
+
+    def _send(self, timestamp: float, events: Any) -> None:
+        """Number, encode, keep and send one batch."""
+        zmq = self._zmq
+        seq = self.sent
+        self.sent = seq + 1
+        try:
+            if isinstance(events, list):
+                payload = wire.encode_batch(timestamp, events, self.engine)
+            else:
+                payload = events.encode(timestamp, self.engine, self.medium)
+        except Exception:
+            # The number stays used and nothing is sent or kept: subscribers see a
+            # gap no replay fills, and know their view of this engine is incomplete.
+            _logger.exception("encoder cache events: could not build batch %d; it is lost", seq)
+            return
+        self._ring.append((seq, payload))
+        try:
+            self._pub.send_multipart((self.topic, wire.encode_seq(seq), payload), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            pass  # no room for a subscriber: it sees the gap and asks for a replay
+        except zmq.ZMQError:
+            _logger.exception("encoder cache events: could not send batch %d", seq)
 
     def _answer_replay(self) -> None:
         zmq = self._zmq
