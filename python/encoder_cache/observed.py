@@ -163,7 +163,7 @@ class ObserveOptions:
     - ``events_topic``: the topic frame (default ``encoder-cache``).
     - ``events_buffer_steps``: batches (messages) kept for replay (default 10,000).
     - ``events_interval_ms``: how often the publisher's thread drains the
-      manager's events and sends them, as one message (default 20, at most
+      manager's events and sends them, as one message (default 50, at most
       1,000; 0 drains as often as the thread gets the GIL).
 
     With several engines, the endpoints' ports move up by the engine index, as
@@ -176,7 +176,7 @@ class ObserveOptions:
     events_replay_endpoint: str | None = None
     events_topic: str = wire.DEFAULT_TOPIC
     events_buffer_steps: int = 10_000
-    events_interval_ms: float = 20.0
+    events_interval_ms: float = 50.0
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> ObserveOptions:
@@ -201,7 +201,7 @@ class ObserveOptions:
         steps = options.get("events_buffer_steps", 10_000)
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"manager_config events_buffer_steps must be a positive int, got {steps!r}")
-        interval = options.get("events_interval_ms", 20.0)
+        interval = options.get("events_interval_ms", 50.0)
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval <= 1000:
             raise ValueError(f"manager_config events_interval_ms must be a number from 0 to 1000, got {interval!r}")
         return cls(

@@ -3,7 +3,7 @@
 Two ways in, both leaving the scheduler's thread nothing to do per step:
 
 - ``watch(manager)``, as the vLLM hook runs it: the thread itself drains the
-  manager's event log (``take_event_batch()``) every ``interval`` (20 ms by
+  manager's event log (``take_event_batch()``) every ``interval`` (50 ms by
   default), so each message carries the events of the steps of one interval,
   and the scheduler's thread only pays for the core's recording;
 - ``publish(batch)``: a batch (an ``EventBatch`` or a list of event maps) is
@@ -92,7 +92,7 @@ class EventPublisher:
         engine: int = 0,
         medium: str = wire.MEDIUM,
         hwm: int = 100_000,
-        interval: float = 0.02,
+        interval: float = 0.05,
     ) -> None:
         if buffer_steps < 1:
             raise ValueError(f"buffer_steps must be >= 1, got {buffer_steps}")
