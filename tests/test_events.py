@@ -428,6 +428,12 @@ def test_close_sends_what_is_pending(ipc_dir: str) -> None:
 def test_a_bad_interval_is_refused(ipc_dir: str) -> None:
     with pytest.raises(ValueError, match="interval"):
         EventPublisher(f"ipc://{ipc_dir}/p", interval=-1)
+    with EventPublisher(f"ipc://{ipc_dir}/p", interval=0) as publisher:
+        manager = EncoderCacheManager(8)
+        with pytest.raises(ValueError, match="interval > 0"):
+            publisher.watch(manager)
+        with pytest.raises(ValueError, match="events are off"):
+            manager.take_event_batch()  # refused before it changed anything
 
 
 def test_a_batch_that_cannot_be_built_is_a_gap_no_replay_fills(ipc_dir: str, caplog: pytest.LogCaptureFixture) -> None:

@@ -222,6 +222,8 @@ def test_counters_never_go_down_across_reset_stats() -> None:
         ({"events_topic": "t"}, "needs events_endpoint"),
         ({"events_endpoint": "ipc:///tmp/x", "events_buffer_steps": 0}, "events_buffer_steps"),
         ({"events_endpoint": "ipc:///tmp/x", "events_interval_ms": -1}, "events_interval_ms"),
+        ({"events_endpoint": "ipc:///tmp/x", "events_interval_ms": 0}, "events_interval_ms"),
+        ({"events_endpoint": "ipc:///tmp/x", "events_interval_ms": float("nan")}, "events_interval_ms"),
         ({"events_endpoint": "ipc:///tmp/x", "events_interval_ms": "5"}, "events_interval_ms"),
         ({"events_interval_ms": 1}, "needs events_endpoint"),
     ],

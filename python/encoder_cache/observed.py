@@ -163,8 +163,8 @@ class ObserveOptions:
     - ``events_topic``: the topic frame (default ``encoder-cache``).
     - ``events_buffer_steps``: batches (messages) kept for replay (default 10,000).
     - ``events_interval_ms``: how often the publisher's thread drains the
-      manager's events and sends them, as one message (default 50, at most
-      1,000; 0 drains as often as the thread gets the GIL).
+      manager's events and sends them, as one message (default 50; from 1
+      to 1,000).
 
     With several engines, the endpoints' ports move up by the engine index, as
     vLLM's KV-event endpoints do.
@@ -202,8 +202,8 @@ class ObserveOptions:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"manager_config events_buffer_steps must be a positive int, got {steps!r}")
         interval = options.get("events_interval_ms", 50.0)
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval <= 1000:
-            raise ValueError(f"manager_config events_interval_ms must be a number from 0 to 1000, got {interval!r}")
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 1 <= interval <= 1000:
+            raise ValueError(f"manager_config events_interval_ms must be a number from 1 to 1000, got {interval!r}")
         return cls(
             port,
             strings["metrics_host"] or "0.0.0.0",

@@ -163,6 +163,8 @@ class EventPublisher:
         """
         if self._source is not None:
             raise ValueError("this publisher watches a manager already")
+        if not self.interval:
+            raise ValueError("a publisher that watches a manager needs an interval > 0 (it drains once per interval)")
         manager.enable_events()
         self._source = manager
         self._wake.set()
