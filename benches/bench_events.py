@@ -14,6 +14,8 @@ BENCHMARKS.md, "Cache events":
   divides by the CPU time of the publishing process instead (the manager's
   thread and the publisher's), which other load on the machine does not
   inflate. Lost batches are counted (a subscriber that keeps up loses none).
+  Then the same with the publisher watching the manager (``watch``, as the
+  vLLM hook runs it): one message per drain, items per second as above.
 - *CPU per step*: the same loop without a subscriber, events off and on;
   on, split between the scheduler's thread (``time.thread_time``) and the
   publisher's (the rest of the process's CPU until it has sent everything).
@@ -50,7 +52,7 @@ import pytest
 pytest.importorskip("zmq")
 
 from encoder_cache import EncoderCacheManager, MultiModalFeature, PlaceholderRange, Request
-from encoder_cache.events import CacheEventSubscriber, Engine, EventPublisher
+from encoder_cache.events import CacheEventSubscriber, Engine, EventPublisher, wire
 from encoder_cache.observed import StepObservers, observed_class
 
 ITEMS_PER_STEP = 64
@@ -58,22 +60,21 @@ ITEMS_PER_REQUEST = 8
 ITEM_EMBEDS = 16
 
 
-def _subscribe(endpoint: str, replay: str, expected: int, started: Any, results: Any) -> None:
-    """A subscriber process: applies batches until batch ``expected - 1``, then reports."""
+def _subscribe(endpoint: str, replay: str, expected: Any, started: Any, results: Any) -> None:
+    """A subscriber process: applies batches until batch ``expected.value - 1``
+    (a shared int, -1 until the publisher knows it), then reports."""
     with CacheEventSubscriber({"e": Engine(endpoint, replay)}) as subscriber:
         subscriber.sync("e")
         started.set()
         engine = subscriber.engine("e")
         deadline = time.monotonic() + 120
-        events = 0
-        while engine.seq < expected - 1 and time.monotonic() < deadline:
+        while (expected.value < 0 or engine.seq < expected.value - 1) and time.monotonic() < deadline:
             subscriber.poll(0.05)
         end = time.time()
-        events = engine.seq + 1
         results.put(
             {
                 "end": end,
-                "batches": events,
+                "batches": engine.seq + 1,
                 "gaps": engine.gaps,
                 "replayed": subscriber.replayed,
                 "items": engine.embeds,
@@ -94,21 +95,27 @@ def _requests(tag: str, steps: int) -> list[Request]:
     ]
 
 
-def throughput(steps: int) -> dict[str, float]:
-    """One throughput run of ``steps`` steps (see the module doc)."""
+def throughput(steps: int, watch: bool = False) -> dict[str, float]:
+    """One throughput run of ``steps`` steps (see the module doc); with
+    ``watch``, the publisher's thread drains the manager (the vLLM hook's way)."""
     directory = tempfile.mkdtemp(prefix="ec-bench-", dir="/tmp")
     endpoint, replay = f"ipc://{directory}/pub", f"ipc://{directory}/replay"
     context = multiprocessing.get_context("spawn")
     started, results = context.Event(), context.Queue()
+    expected = context.Value("q", -1 if watch else steps)
     with EventPublisher(endpoint, replay_endpoint=replay, buffer_steps=steps + 1) as publisher:
-        child = context.Process(target=_subscribe, args=(endpoint, replay, steps, started, results))
+        child = context.Process(target=_subscribe, args=(endpoint, replay, expected, started, results))
         child.start()
         try:
             if not started.wait(60):
                 raise RuntimeError("the subscriber did not start")
             time.sleep(0.2)  # let the subscription reach the publisher
-            manager = observed_class(EncoderCacheManager)(ITEMS_PER_STEP * ITEM_EMBEDS)
-            manager.observers = StepObservers(publisher=publisher)
+            if watch:
+                manager = EncoderCacheManager(ITEMS_PER_STEP * ITEM_EMBEDS)
+                publisher.watch(manager)
+            else:
+                manager = observed_class(EncoderCacheManager)(ITEMS_PER_STEP * ITEM_EMBEDS)
+                manager.observers = StepObservers(publisher=publisher)
             per_step = ITEMS_PER_STEP // ITEMS_PER_REQUEST
             window = ITEMS_PER_REQUEST * ITEM_EMBEDS
             requests = _requests("r", steps)
@@ -125,6 +132,9 @@ def throughput(steps: int) -> dict[str, float]:
                 for request in batch:
                     manager.free(request)
             stepped = time.perf_counter() - stepped
+            if watch:
+                publisher.flush()
+                expected.value = publisher.sent
             report = results.get(timeout=180)
             cpu = time.process_time() - cpu  # the manager's thread and the publisher's
         finally:
@@ -142,6 +152,8 @@ def throughput(steps: int) -> dict[str, float]:
         "items_per_s": items / elapsed,
         "step_us": stepped / steps * 1e6,
         "index_ok": report["items"] == sum(manager.num_embeds_by_hash.values()),
+        # Messages that resent the whole state because the log overflowed between two drains.
+        "resends": sum(wire.decode_batch(p)[1][:1] == [wire.cleared()] for _, p in publisher._ring),
     }
 
 
@@ -198,6 +210,12 @@ def hand_off(steps: int, rounds: int) -> dict[str, float]:
 def bench_throughput_delivers_every_event() -> None:
     result = throughput(200)
     assert result["batches"] == 200
+    assert result["index_ok"]
+
+
+def bench_watched_manager_throughput_keeps_the_index_exact() -> None:
+    result = throughput(200, watch=True)
+    assert 1 <= result["batches"] <= 200 and result["gaps"] == 0
     assert result["index_ok"]
 
 
@@ -294,6 +312,14 @@ def print_throughput(runs_count: int, steps: int) -> None:
         print(f"  {unit:>12}: {statistics.median(values):>12,.0f}  ({min(values):,.0f} - {max(values):,.0f})")
     print(
         f"  batches received {[r['batches'] for r in runs]}, gaps {[r['gaps'] for r in runs]}, index ok {all(r['index_ok'] for r in runs)}"
+    )
+    watched = [throughput(steps, watch=True) for _ in range(runs_count)]
+    items = [r["items_per_s"] for r in watched]
+    print(
+        f"watched manager ({runs_count} runs): items/s {statistics.median(items):,.0f} ({min(items):,.0f} - "
+        f"{max(items):,.0f}); messages {[r['batches'] for r in watched]}, of which whole-state resends "
+        f"{[r['resends'] for r in watched]}; gaps {[r['gaps'] for r in watched]}; "
+        f"index ok {all(r['index_ok'] for r in watched)}"
     )
     cost = hand_off(min(steps, 2000), runs_count)
     print(
