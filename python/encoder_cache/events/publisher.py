@@ -236,8 +236,10 @@ class EventPublisher:
         """Send what the watched manager recorded since the last drain."""
         try:
             batch = source.take_event_batch()
-        except RuntimeError:
-            return  # borrowed by the scheduler's thread right now: the next round takes it
+        except RuntimeError as exc:
+            if "borrowed" not in str(exc):  # PyO3's words for a manager in use by another thread
+                _logger.exception("encoder cache events: could not drain the manager")
+            return  # the next round takes what is pending
         if batch is not None:
             self.published += 1
             self._send(time.time(), batch)
