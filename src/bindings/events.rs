@@ -75,13 +75,12 @@ impl PyEventBatch {
             event.set_item("medium", medium)?;
             list.append(event)?;
         }
-        for item in self.stored(py)?.iter() {
-            let (hash, embeds, modality): (Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
+        for (key, num_embeds, tag) in &self.events.stored {
             let event = PyDict::new(py);
             event.set_item("type", STORED)?;
-            event.set_item("hash", hash)?;
-            event.set_item("embeds", embeds)?;
-            event.set_item("modality", modality)?;
+            event.set_item("hash", &**key)?;
+            event.set_item("embeds", num_embeds)?;
+            event.set_item("modality", modality::name(*tag))?;
             event.set_item("medium", medium)?;
             list.append(event)?;
         }

@@ -158,8 +158,8 @@ class EventPublisher:
         thread every ``interval`` (``take_event_batch()``), until ``close``.
 
         The manager is called only while the thread holds the GIL; a drain
-        that finds the manager in use by another thread (a call of its that
-        ran Python code, which let this thread in) waits for the next round.
+        that finds it borrowed all the same (PyO3's RuntimeError) waits for
+        the next round.
         """
         if self._source is not None:
             raise ValueError("this publisher watches a manager already")
@@ -218,18 +218,15 @@ class EventPublisher:
                     self._answer_replay()
                 except Exception:  # a bad request must not stop the stream
                     _logger.exception("encoder cache events: a replay request failed")
-            if self._stopping:
-                for batch in self._take():
-                    self._send(*batch)
-                if source is not None:
-                    self._drain(source)
-                return
-            if source is None and self._pending and self.interval:
+            stopping = self._stopping
+            if not stopping and source is None and self._pending and self.interval:
                 time.sleep(self.interval)  # let this interval's batches gather
             for batch in self._take():
                 self._send(*batch)
             if source is not None:
                 self._drain(source)
+            if stopping:
+                return
             self._rounds += 1
 
     def _drain(self, source: Any) -> None:
