@@ -9,7 +9,7 @@
 //! - `table`: the slab tables entries and requests live in, found by name;
 //! - `entries`: a cached item and the requests referencing it;
 //! - `requests`: what a request holds, input by input;
-//! - `lanes`, `policies`: the eviction order, one type per [`Policy`];
+//! - `lanes`, `policies`, `arc`: the eviction order, one type per [`Policy`];
 //! - `stats`: counters and the ghosts of evicted items;
 //! - `core`: [`PolicyCache`], the operations under one policy;
 //! - `dispatch`: [`EncoderCache`], the policy chosen at run time;
@@ -23,6 +23,7 @@
 //! and counts hits, misses, evictions and re-encodes (`stats`).
 //! docs/policies.md describes the policies and what they save.
 
+mod arc;
 mod core;
 mod dispatch;
 mod entries;
@@ -43,6 +44,7 @@ mod tests;
 
 pub(crate) use self::core::shrink_when_sparse;
 pub use self::core::PolicyCache;
+pub use arc::{Arc, ArcMeta, ARC_GHOST_ITEMS};
 pub use dispatch::{with_policy_cache, EncoderCache};
 pub use entries::Entry;
 pub use errors::CacheError;

@@ -108,6 +108,48 @@ def _s3fifo_queues_swapped() -> dict:
     return state
 
 
+def _arc_state() -> dict:
+    """An ARC state with a recent entry ("once") released after a frequent one ("hit")."""
+    manager = RUST(8, policy="arc")
+    hit = make_request("r", ["hit", "hit"], [2, 2])
+    manager.allocate(hit, 0)
+    manager.check_and_update_cache(hit, 1)
+    once = make_request("q", ["once"], [2])
+    manager.allocate(once, 0)
+    manager.free(hit)
+    manager.free(once)
+    state = manager.snapshot()
+    assert [item for item, _ in state["freeable"]] == ["once", "hit"]
+    assert state["clock"] == 4.0, "the target starts at half the cache size"
+    return state
+
+
+def _arc_lanes_swapped() -> dict:
+    state = _arc_state()
+    state["freeable"].reverse()
+    return state
+
+
+def test_arc_ghost_bound_is_half_the_cache():
+    # A cache of 8 and 14 one-off items of 1 embedding: items 0 to 5 are
+    # evicted, then item 6 to make room for the last allocation. The recent
+    # ghosts hold the last 4 evicted (half of 8): items 3 to 6.
+    def frequency_of(cls, item: str) -> int:
+        manager = cls(8, policy="arc")
+        for n in range(14):
+            request = make_request(f"r{n}", [f"item{n}"], [1])
+            assert manager.can_allocate(request, 0, 1, 0)
+            manager.allocate(request, 0)
+            manager.free(request)
+        request = make_request("again", [item], [1])
+        assert manager.can_allocate(request, 0, 1, 0)
+        manager.allocate(request, 0)
+        return manager.snapshot()["entries"][item].get("frequency", 1)
+
+    for item, expected in (("item2", 1), ("item3", 2), ("item6", 2)):
+        assert frequency_of(RUST, item) == frequency_of(TWIN, item) == expected, item
+
+
 def _restore_error(cls, state) -> str:
     with pytest.raises((ValueError, TypeError, InvariantError)) as excinfo:
         cls.restore(copy.deepcopy(state))
@@ -368,6 +410,9 @@ STATE_CASES = {
     "waiting id": _with("waiting", {3: ["img2"]}),
     "s3fifo credit": _s3fifo_state_with_credit(reference.S3FIFO_MAX_CREDIT + 1),
     "s3fifo queues": _s3fifo_queues_swapped(),
+    "arc target": _with("clock", 1.5, _arc_state()),
+    "arc target size": _with("clock", 9.0, _arc_state()),
+    "arc lanes": _arc_lanes_swapped(),
     "not a dict": "state",
 }
 

@@ -52,13 +52,15 @@ pub struct PolicyCache<P: EvictionPolicy> {
 
 impl<P: EvictionPolicy> PolicyCache<P> {
     pub fn new(cache_size: u64) -> Self {
+        let mut policy = P::default();
+        policy.sized(cache_size);
         Self {
             cache_size,
             num_free_slots: cache_size,
             num_freeable_slots: cache_size,
             entries: Table::default(),
             requests: Table::default(),
-            policy: P::default(),
+            policy,
             freed: Vec::new(),
             waiting: HashMap::new(),
             waiting_count: HashMap::new(),
@@ -193,6 +195,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         }
         let (used, freeable) = (self.used_embeds(), self.freeable_embeds());
         self.cache_size = cache_size;
+        self.policy.sized(cache_size);
         self.num_free_slots = cache_size - used;
         self.num_freeable_slots = self.num_free_slots + freeable;
         Ok(())
@@ -279,7 +282,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         self.num_free_slots += entry.num_embeds;
         self.tally.eviction(entry.modality, entry.num_embeds);
         self.ghosts.insert(entry.hash);
-        self.policy.evicted(entry.hash, &entry.meta);
+        self.policy.evicted(entry.hash, &entry.meta, entry.num_embeds);
         self.freed.push((entry.key, entry.hash));
         true
     }
@@ -324,7 +327,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         };
         let entry = self.entries.get_mut(e);
         let (num_embeds, modality) = (entry.num_embeds, entry.modality);
-        P::on_hit(&mut entry.meta);
+        self.policy.on_hit(&mut entry.meta, num_embeds);
         if !entry.is_referenced() {
             self.policy.take_back(&mut self.entries, e);
             self.num_freeable_slots -= num_embeds;
@@ -432,7 +435,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         let r = request.unwrap_or_else(|| self.requests.insert(RequestRefs::new(request_id.to_key(), request_id.hash())));
         let reencode = self.ghosts.remove(hash);
         let mut entry = Entry::new(identifier.to_key(), hash, num_embeds, Referrers::One(r), modality);
-        entry.meta = self.policy.admit(hash);
+        entry.meta = self.policy.admit(hash, num_embeds);
         let e = self.entries.insert(entry);
         Self::add_occurrence(self.requests.get_mut(r), input_id, e, true);
         self.num_free_slots -= num_embeds;

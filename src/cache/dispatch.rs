@@ -11,6 +11,7 @@ use super::core::PolicyCache;
 use super::errors::CacheError;
 use super::events::StepEvents;
 use super::keys::{Handle, Key, KeyArg};
+use super::arc::Arc;
 use super::policies::{Gdsf, GhostLfu, Policy, S3Fifo, Vllm};
 use super::requests::HeldInputs;
 use super::state::{CacheState, InvariantViolation, PolicyState};
@@ -23,6 +24,7 @@ pub enum EncoderCache {
     Gdsf(PolicyCache<Gdsf>),
     S3Fifo(PolicyCache<S3Fifo>),
     GhostLfu(PolicyCache<GhostLfu>),
+    Arc(PolicyCache<Arc>),
 }
 
 /// `$body` with `$c` bound to the typed [`PolicyCache`] inside an
@@ -36,6 +38,7 @@ macro_rules! with_policy_cache {
             $crate::cache::EncoderCache::Gdsf($c) => $body,
             $crate::cache::EncoderCache::S3Fifo($c) => $body,
             $crate::cache::EncoderCache::GhostLfu($c) => $body,
+            $crate::cache::EncoderCache::Arc($c) => $body,
         }
     };
 }
@@ -60,6 +63,7 @@ impl EncoderCache {
             Policy::Gdsf => Self::Gdsf(PolicyCache::new(cache_size)),
             Policy::S3Fifo => Self::S3Fifo(PolicyCache::new(cache_size)),
             Policy::GhostLfu => Self::GhostLfu(PolicyCache::new(cache_size)),
+            Policy::Arc => Self::Arc(PolicyCache::new(cache_size)),
         }
     }
 
@@ -76,6 +80,7 @@ impl EncoderCache {
             Policy::Gdsf => Self::Gdsf(PolicyCache::restore_with(state, policy)?),
             Policy::S3Fifo => Self::S3Fifo(PolicyCache::restore_with(state, policy)?),
             Policy::GhostLfu => Self::GhostLfu(PolicyCache::restore_with(state, policy)?),
+            Policy::Arc => Self::Arc(PolicyCache::restore_with(state, policy)?),
         })
     }
 

@@ -63,6 +63,12 @@ impl<const N: usize> ListLanes<N> {
         (0..N).find(|&lane| self.len[lane] > 0).map(|lane| (lane, self.head[lane]))
     }
 
+    /// The oldest entry of `lane`.
+    #[inline]
+    pub(crate) fn head(&self, lane: usize) -> Option<u32> {
+        (self.len[lane] > 0).then_some(self.head[lane])
+    }
+
     /// The lanes' entries, lane by lane, oldest first.
     pub(crate) fn walk<M>(&self, entries: &Table<Entry<M>>) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.len.iter().sum());

@@ -16,6 +16,8 @@
 //!   frequently used, weighted by cost per size), whose frequency survives
 //!   eviction: an item allocated again starts from the count it had when
 //!   evicted ([`FrequencyMemory`]).
+//! - [`Arc`](super::arc::Arc) (in `arc`): a recent and a frequent FIFO lane
+//!   per tier, and an adaptive target choosing between them.
 //!
 //! `encoder_cache.policies` in the Python twin makes the same decisions with
 //! the same arithmetic; docs/policies.md describes each policy.
@@ -47,6 +49,11 @@ pub enum Policy {
     /// evicted items), so a popular item evicted in a burst comes back ranked
     /// above one-off items. O(log n).
     GhostLfu,
+    /// Adaptive Replacement Cache: entries acquired once and entries hit
+    /// since allocation (or allocated again soon after an eviction) in two
+    /// release-order lanes, the victim taken from one or the other by an
+    /// adaptive target that ghost lists of evicted items move. O(1).
+    Arc,
 }
 
 /// GDSF's encoder-cost model: encoding `n` embeddings costs `n + n² / C`
@@ -60,10 +67,10 @@ pub const S3FIFO_MAX_CREDIT: u32 = 3;
 
 impl Policy {
     /// Every policy's name, the default first.
-    pub const NAMES: &'static [&'static str] = &["vllm", "gdsf", "s3fifo", "lfu-ghost"];
-    pub const ALL: [Policy; 4] = [Policy::Vllm, Policy::Gdsf, Policy::S3Fifo, Policy::GhostLfu];
+    pub const NAMES: &'static [&'static str] = &["vllm", "gdsf", "s3fifo", "lfu-ghost", "arc"];
+    pub const ALL: [Policy; 5] = [Policy::Vllm, Policy::Gdsf, Policy::S3Fifo, Policy::GhostLfu, Policy::Arc];
     /// What the name [`AUTO`](Self::AUTO) selects: the recommended policy.
-    pub const RECOMMENDED: Policy = Policy::GhostLfu;
+    pub const RECOMMENDED: Policy = Policy::Arc;
     /// The name of the recommended policy, whichever it is.
     pub const AUTO: &'static str = "auto";
 
@@ -81,6 +88,7 @@ impl Policy {
             Self::Gdsf => "gdsf",
             Self::S3Fifo => "s3fifo",
             Self::GhostLfu => "lfu-ghost",
+            Self::Arc => "arc",
         }
     }
 
@@ -108,10 +116,10 @@ pub trait EvictionPolicy: Debug + Clone + Default + Send + Sync + 'static {
     /// What the policy keeps per entry.
     type Meta: Debug + Clone + Copy + Default + Send + Sync;
 
-    /// A counted hit on an entry.
+    /// A counted hit on an entry of `num_embeds`.
     #[inline]
-    fn on_hit(meta: &mut Self::Meta) {
-        let _ = meta;
+    fn on_hit(&mut self, meta: &mut Self::Meta, num_embeds: u64) {
+        let _ = (meta, num_embeds);
     }
 
     /// Places entry `index`, just unreferenced, in `tier` (with `restored`,
@@ -143,6 +151,12 @@ pub trait EvictionPolicy: Debug + Clone + Default + Send + Sync + 'static {
         let _ = clock;
     }
 
+    /// The cache now holds `cache_size` embeddings (built or resized).
+    #[inline]
+    fn sized(&mut self, cache_size: u64) {
+        let _ = cache_size;
+    }
+
     /// Acquisitions since allocation, where the policy counts them (else 1).
     fn frequency(meta: &Self::Meta) -> u32 {
         let _ = meta;
@@ -155,20 +169,20 @@ pub trait EvictionPolicy: Debug + Clone + Default + Send + Sync + 'static {
         0.0
     }
 
-    /// Per-entry data for an entry acquired `frequency` times.
-    fn meta_with(frequency: u32) -> Self::Meta;
+    /// Per-entry data for a restored entry of `num_embeds` acquired `frequency` times.
+    fn meta_with(&mut self, frequency: u32, num_embeds: u64) -> Self::Meta;
 
-    /// Per-entry data for the item `hash`, just allocated (a miss).
+    /// Per-entry data for the item `hash` of `num_embeds`, just allocated (a miss).
     #[inline]
-    fn admit(&mut self, hash: u64) -> Self::Meta {
-        let _ = hash;
+    fn admit(&mut self, hash: u64, num_embeds: u64) -> Self::Meta {
+        let _ = (hash, num_embeds);
         Self::Meta::default()
     }
 
-    /// The item `hash` was evicted with `meta`.
+    /// The item `hash` of `num_embeds` was evicted with `meta`.
     #[inline]
-    fn evicted(&mut self, hash: u64, meta: &Self::Meta) {
-        let _ = (hash, meta);
+    fn evicted(&mut self, hash: u64, meta: &Self::Meta, num_embeds: u64) {
+        let _ = (hash, meta, num_embeds);
     }
 }
 
@@ -211,7 +225,7 @@ impl EvictionPolicy for Vllm {
         usize::from(lane)
     }
 
-    fn meta_with(_frequency: u32) -> Self::Meta {}
+    fn meta_with(&mut self, _frequency: u32, _num_embeds: u64) -> Self::Meta {}
 }
 
 /// What GDSF keeps per entry.
@@ -254,7 +268,7 @@ impl EvictionPolicy for Gdsf {
     const POLICY: Policy = Policy::Gdsf;
     type Meta = GdsfMeta;
 
-    fn on_hit(meta: &mut GdsfMeta) {
+    fn on_hit(&mut self, meta: &mut GdsfMeta, _num_embeds: u64) {
         meta.frequency = meta.frequency.saturating_add(1);
     }
 
@@ -307,7 +321,7 @@ impl EvictionPolicy for Gdsf {
         meta.priority
     }
 
-    fn meta_with(frequency: u32) -> GdsfMeta {
+    fn meta_with(&mut self, frequency: u32, _num_embeds: u64) -> GdsfMeta {
         GdsfMeta { frequency, ..GdsfMeta::default() }
     }
 }
@@ -337,7 +351,7 @@ impl EvictionPolicy for S3Fifo {
     const POLICY: Policy = Policy::S3Fifo;
     type Meta = S3FifoMeta;
 
-    fn on_hit(meta: &mut S3FifoMeta) {
+    fn on_hit(&mut self, meta: &mut S3FifoMeta, _num_embeds: u64) {
         meta.frequency = meta.frequency.saturating_add(1);
     }
 
@@ -394,7 +408,7 @@ impl EvictionPolicy for S3Fifo {
         f64::from(meta.credit)
     }
 
-    fn meta_with(frequency: u32) -> S3FifoMeta {
+    fn meta_with(&mut self, frequency: u32, _num_embeds: u64) -> S3FifoMeta {
         S3FifoMeta { frequency, credit: 0 }
     }
 }
@@ -413,8 +427,8 @@ impl EvictionPolicy for GhostLfu {
     const POLICY: Policy = Policy::GhostLfu;
     type Meta = GdsfMeta;
 
-    fn on_hit(meta: &mut GdsfMeta) {
-        Gdsf::on_hit(meta);
+    fn on_hit(&mut self, meta: &mut GdsfMeta, num_embeds: u64) {
+        self.gdsf.on_hit(meta, num_embeds);
     }
 
     #[allow(private_interfaces)]
@@ -451,15 +465,15 @@ impl EvictionPolicy for GhostLfu {
         meta.priority
     }
 
-    fn meta_with(frequency: u32) -> GdsfMeta {
-        Gdsf::meta_with(frequency)
+    fn meta_with(&mut self, frequency: u32, num_embeds: u64) -> GdsfMeta {
+        self.gdsf.meta_with(frequency, num_embeds)
     }
 
-    fn admit(&mut self, hash: u64) -> GdsfMeta {
+    fn admit(&mut self, hash: u64, _num_embeds: u64) -> GdsfMeta {
         GdsfMeta::with_frequency(self.memory.take(hash).saturating_add(1))
     }
 
-    fn evicted(&mut self, hash: u64, meta: &GdsfMeta) {
+    fn evicted(&mut self, hash: u64, meta: &GdsfMeta, _num_embeds: u64) {
         self.memory.insert(hash, meta.frequency);
     }
 }

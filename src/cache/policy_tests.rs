@@ -31,7 +31,7 @@ fn evict_for(cache: &mut EncoderCache, n: u64) -> Vec<String> {
 
 #[test]
 fn names_round_trip_and_vllm_is_the_default() {
-    assert_eq!(Policy::NAMES, ["vllm", "gdsf", "s3fifo", "lfu-ghost"]);
+    assert_eq!(Policy::NAMES, ["vllm", "gdsf", "s3fifo", "lfu-ghost", "arc"]);
     assert_eq!(Policy::from_name(Policy::AUTO), Some(Policy::RECOMMENDED));
     for (policy, name) in Policy::ALL.into_iter().zip(Policy::NAMES) {
         assert_eq!((policy.name(), Policy::from_name(name)), (*name, Some(policy)));
@@ -273,4 +273,50 @@ fn a_restored_cache_evicts_as_the_original_would() {
         assert_eq!(cache.snapshot(), restored.snapshot(), "{policy}");
         assert_eq!(cache.policy_snapshot(), restored.policy_snapshot(), "{policy}");
     }
+}
+
+#[test]
+fn arc_takes_the_victim_by_its_target_and_ghost_hits_move_the_target() {
+    // 40 embeddings, target 20. "hot" is frequent; three one-off items are recent.
+    let mut cache = EncoderCache::with_policy(40, Policy::Arc);
+    admit(&mut cache, "r", "hot", 10);
+    cache.free("r");
+    hit(&mut cache, "hot", 1);
+    for item in ["a", "b", "c"] {
+        admit(&mut cache, "r", item, 10);
+        cache.free("r");
+    }
+    assert_eq!(cache.clock(), 20.0, "the target starts at half the cache size");
+    // Recent entries hold 30 > 20: the oldest recent goes, although "hot" was released first.
+    assert_eq!(evict_for(&mut cache, 10), ["a"]);
+    // Now 20, not above the target: the oldest frequent entry goes.
+    assert_eq!(evict_for(&mut cache, 30), ["hot", "b"]);
+    assert_eq!(cache.check_invariants(), Ok(()));
+    // "a" comes back from the recent ghosts: the target rises by its size
+    // (times the frequent ghosts' 10 over the recent ghosts' 10, i.e. 1), and it is frequent.
+    admit(&mut cache, "q", "a", 10);
+    assert_eq!(cache.clock(), 30.0);
+    cache.free("q");
+    assert_eq!(cache.policy_snapshot().entries["a"].frequency, 2);
+    // "hot" comes back from the frequent ghosts, now empty beside 10 recent
+    // ghost embeddings ("b"): the target falls by 10 times 10, to its floor.
+    admit(&mut cache, "q", "hot", 10);
+    assert_eq!(cache.clock(), 0.0);
+    assert_eq!(cache.check_invariants(), Ok(()));
+}
+
+#[test]
+fn arc_target_scales_with_a_resize_and_survives_a_restore() {
+    let mut cache = EncoderCache::with_policy(40, Policy::Arc);
+    assert_eq!(cache.resize(100), Ok(()));
+    assert_eq!(cache.clock(), 50.0);
+    assert_eq!(cache.resize(10), Ok(()));
+    assert_eq!(cache.clock(), 5.0);
+    let restored = EncoderCache::restore_with(&cache.snapshot(), &cache.policy_snapshot()).unwrap();
+    assert_eq!(restored.clock(), 5.0);
+    let mut bad = cache.policy_snapshot();
+    bad.clock = 11.0;
+    assert!(EncoderCache::restore_with(&cache.snapshot(), &bad).is_err(), "a target above the cache size is refused");
+    cache.reset();
+    assert_eq!(cache.clock(), 5.0, "a reset starts again from half the size");
 }

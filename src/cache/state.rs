@@ -68,7 +68,7 @@ impl Default for EntryPolicyState {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PolicyState {
     pub policy: Policy,
-    /// GDSF's clock (0 under other policies).
+    /// GDSF's clock, or ARC's target `p` (0 under other policies).
     pub clock: f64,
     /// By cached item; an item left out gets the default.
     pub entries: BTreeMap<String, EntryPolicyState>,
@@ -227,6 +227,13 @@ impl CacheState {
                 return broken(POLICY_ORDERED, format!("referenced item '{item}' has rank {:?}", m.rank));
             }
         }
+        if policy.policy == Policy::Arc {
+            #[allow(clippy::cast_precision_loss)]
+            let most = self.cache_size as f64;
+            if !(0.0..=most).contains(&policy.clock) || policy.clock.fract() != 0.0 {
+                return broken(POLICY_ORDERED, format!("arc's target {:?} is not a whole number from 0 to the cache size", policy.clock));
+            }
+        }
         let mut previous: Option<(u8, f64)> = None;
         for ((item, _), &tier) in self.freeable.iter().zip(&tiers) {
             let EntryPolicyState { frequency, rank, .. } = meta(item);
@@ -246,6 +253,16 @@ impl CacheState {
                         return broken(POLICY_ORDERED, format!("item '{item}' has priority {rank:?}, below the one before it"));
                     }
                     previous = Some((tier, rank));
+                }
+                Policy::Arc => {
+                    let frequent = frequency > 1;
+                    if rank != 0.0 {
+                        return broken(POLICY_ORDERED, format!("item '{item}' has rank {rank:?} under arc"));
+                    }
+                    if previous.is_some_and(|(t, was_frequent)| t == tier && was_frequent != 0.0) && !frequent {
+                        return broken(POLICY_ORDERED, format!("item '{item}' of the recent lane follows the frequent lane"));
+                    }
+                    previous = Some((tier, if frequent { 1.0 } else { 0.0 }));
                 }
                 Policy::S3Fifo => {
                     let main = frequency > 1;
@@ -369,7 +386,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
             let id = key(item);
             let hash = hash_key(&id);
             let mut entry = Entry::new(id, hash, e.num_embeds, referrers, meta.modality);
-            entry.meta = P::meta_with(meta.frequency);
+            entry.meta = cache.policy.meta_with(meta.frequency, e.num_embeds);
             entry_slots.insert(item, cache.entries.insert(entry));
         }
         for (request, held) in &state.requests {

@@ -67,7 +67,7 @@ pub enum Op {
 }
 
 /// Every policy, for the generators to pick from.
-pub const POLICIES: [Policy; 4] = Policy::ALL;
+pub const POLICIES: [Policy; 5] = Policy::ALL;
 
 fn item_name(item: u8) -> String {
     format!("item{item}")

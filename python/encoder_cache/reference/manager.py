@@ -62,6 +62,7 @@ class EncoderCacheManager(StepLevelAPI):
         self._cache_size = count(cache_size, "cache_size")
         self._policy = make_policy(policy)
         self._policy.reset()
+        self._policy.sized(self._cache_size)
         self.num_free_slots = self._cache_size
         self.num_freeable_slots = self._cache_size
         self.cached: dict[str, set[str]] = {}
@@ -116,6 +117,7 @@ class EncoderCacheManager(StepLevelAPI):
             )
         while self._cache_size - self.num_free_slots > cache_size:
             self._evict_one()
+        self._policy.sized(cache_size)
         used = self._cache_size - self.num_free_slots
         self.num_free_slots = cache_size - used
         self.num_freeable_slots = self.num_free_slots + (self.num_freeable_slots - (self._cache_size - used))
@@ -135,6 +137,7 @@ class EncoderCacheManager(StepLevelAPI):
         self.modality.clear()
         self._evicted.clear()
         self._policy.reset()
+        self._policy.sized(self._cache_size)
         self.num_free_slots = self._cache_size
         self.num_freeable_slots = self._cache_size
         if self._events is not None:
@@ -488,8 +491,7 @@ class EncoderCacheManager(StepLevelAPI):
             manager.cached[item] = set(entry["referrers"])
             manager.num_embeds_by_hash[item] = entry["num_embeds"]
             manager.modality[item] = "unknown"
-            policy.admitted(item, entry["num_embeds"])
-            policy.frequency[item] = entry["frequency"]
+            policy.restored(item, entry["num_embeds"], entry["frequency"])
         for request_id, items in state["waiting"].items():
             manager.waiting[request_id] = list(items)
             for item in items:

@@ -22,11 +22,13 @@ import heapq
 from collections import OrderedDict
 
 __all__ = [
+    "ARC_GHOST_ITEMS",
     "FREQUENCY_MEMORY",
     "GDSF_COST_SCALE",
     "POLICIES",
     "RECOMMENDED",
     "S3FIFO_MAX_CREDIT",
+    "ArcPolicy",
     "EvictionPolicy",
     "GdsfPolicy",
     "GhostLfuPolicy",
@@ -36,10 +38,10 @@ __all__ = [
 ]
 
 #: The built-in policies, by name; "vllm" is the default.
-POLICIES = ("vllm", "gdsf", "s3fifo", "lfu-ghost")
+POLICIES = ("vllm", "gdsf", "s3fifo", "lfu-ghost", "arc")
 
 #: The policy the name "auto" selects: the recommended one.
-RECOMMENDED = "lfu-ghost"
+RECOMMENDED = "arc"
 
 #: How many evicted items ``lfu-ghost`` remembers the counts of.
 FREQUENCY_MEMORY = 8192
@@ -53,6 +55,10 @@ GDSF_COST_SCALE = 8192.0
 #: S3-FIFO: the most hits the main queue remembers for an entry (each one buys
 #: the entry one more pass before eviction).
 S3FIFO_MAX_CREDIT = 3
+
+#: ``arc``: each ghost list remembers evicted items up to half the cache size
+#: in embeddings, and at most this many items.
+ARC_GHOST_ITEMS = 65536
 
 
 class EvictionPolicy:
@@ -103,10 +109,18 @@ class EvictionPolicy:
         for tier in self.tiers:
             tier.clear()
 
+    def sized(self, cache_size: int) -> None:
+        """The cache now holds ``cache_size`` embeddings (built, reset or resized)."""
+
     def admitted(self, identifier: str, num_embeds: int) -> None:
         """``identifier`` was allocated (a miss): cached now, and referenced."""
         self.sizes[identifier] = num_embeds
         self.frequency[identifier] = 1
+
+    def restored(self, identifier: str, num_embeds: int, frequency: int) -> None:
+        """``restore`` brings back a cached entry acquired ``frequency`` times."""
+        self.sizes[identifier] = num_embeds
+        self.frequency[identifier] = frequency
 
     def accessed(self, identifier: str) -> None:
         """A request acquired cached ``identifier`` (a hit). If the entry was
@@ -338,11 +352,129 @@ class GhostLfuPolicy(GdsfPolicy):
             del self.memory[next(iter(self.memory))]
 
 
+class ArcPolicy(EvictionPolicy):
+    """The Adaptive Replacement Cache (Megiddo and Modha, FAST 2003), over embeddings.
+
+    An entry is *recent* (frequency 1: acquired once since allocation) or
+    *frequent* (hit since allocation, or allocated again from a ghost list,
+    which counts one more). Per tier, two queues of evictable entries in
+    release order, one per class. While recent entries (referenced or not)
+    hold more embeddings than the target ``p``, the oldest recent entry is
+    the victim, else the oldest frequent one (each class standing in when
+    the other has nothing evictable). Evicted items go to the ghost list of
+    their class, each bounded to half the cache size in embeddings and
+    :data:`ARC_GHOST_ITEMS` items, oldest forgotten first. Allocating an item
+    of the recent ghosts raises ``p`` by its size times
+    ``max(1, frequent ghost embeds // recent ghost embeds)``, one of the
+    frequent ghosts lowers it the mirrored way; ``p`` starts at half the
+    cache size, stays within it, and scales with a resize. Whole numbers
+    throughout, as in the Rust core (``src/cache/arc.rs``). O(1) per call.
+    """
+
+    name = "arc"
+
+    def __init__(self) -> None:
+        self.cache_size = 0
+        self.target = 0
+        super().__init__()
+        #: Embeddings of the cached recent entries, referenced or not.
+        self.recent_embeds = 0
+        #: Per class (0 recent, 1 frequent): identifier -> embeddings, oldest eviction first.
+        self.ghosts: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self.ghost_embeds = [0, 0]
+        self._lanes: tuple[tuple[dict[str, None], dict[str, None]], ...] = (({}, {}), ({}, {}))
+
+    @property
+    def clock(self) -> float:  # type: ignore[override]
+        """The target ``p``, which a snapshot keeps as the clock."""
+        return float(self.target)
+
+    @clock.setter
+    def clock(self, value: float) -> None:
+        self.target = int(value)
+
+    def reset(self) -> None:
+        super().reset()
+        self.cache_size = 0
+        self.recent_embeds = 0
+        for ghosts in self.ghosts:
+            ghosts.clear()
+        self.ghost_embeds = [0, 0]
+        for lanes in self._lanes:
+            for lane in lanes:
+                lane.clear()
+
+    def sized(self, cache_size: int) -> None:
+        self.target = cache_size // 2 if self.cache_size == 0 else self.target * cache_size // self.cache_size
+        self.cache_size = cache_size
+
+    def _class(self, identifier: str) -> int:
+        return int(self.frequency[identifier] > 1)
+
+    def admitted(self, identifier: str, num_embeds: int) -> None:
+        super().admitted(identifier, num_embeds)
+        for kind in (0, 1):
+            size = self.ghosts[kind].pop(identifier, None)
+            if size is None:
+                continue
+            self.ghost_embeds[kind] -= size
+            ratio = max(1, self.ghost_embeds[1 - kind] // max(self.ghost_embeds[kind], 1))
+            if kind == 0:
+                self.target = min(self.cache_size, self.target + num_embeds * ratio)
+            else:
+                self.target = max(0, self.target - num_embeds * ratio)
+            self.frequency[identifier] = 2
+            return
+        self.recent_embeds += num_embeds
+
+    def restored(self, identifier: str, num_embeds: int, frequency: int) -> None:
+        super().restored(identifier, num_embeds, frequency)
+        if frequency == 1:
+            self.recent_embeds += num_embeds
+
+    def accessed(self, identifier: str) -> None:
+        if self.frequency[identifier] == 1:
+            self.recent_embeds -= self.sizes[identifier]
+        super().accessed(identifier)
+
+    def released(self, identifier: str, tier: int) -> None:
+        super().released(identifier, tier)
+        self._lanes[tier][self._class(identifier)][identifier] = None
+
+    def retained(self, identifier: str) -> None:
+        tier = self._tier_of[identifier]
+        super().retained(identifier)
+        del self._lanes[tier][self._class(identifier)][identifier]
+
+    def victim(self, tier: int) -> str:
+        recent, frequent = self._lanes[tier]
+        if recent and (self.recent_embeds > self.target or not frequent):
+            return next(iter(recent))
+        return next(iter(frequent))
+
+    def evicted(self, identifier: str) -> None:
+        tier, kind, size = self._tier_of[identifier], self._class(identifier), self.sizes[identifier]
+        super().evicted(identifier)
+        del self._lanes[tier][kind][identifier]
+        if kind == 0:
+            self.recent_embeds -= size
+        ghosts = self.ghosts[kind]
+        ghosts[identifier] = size
+        self.ghost_embeds[kind] += size
+        while self.ghost_embeds[kind] > self.cache_size // 2 or len(ghosts) > ARC_GHOST_ITEMS:
+            oldest = next(iter(ghosts))
+            self.ghost_embeds[kind] -= ghosts.pop(oldest)
+
+    def order(self, tier: int) -> list[str]:
+        return [*self._lanes[tier][0], *self._lanes[tier][1]]
+
+
 _BUILT_IN: dict[str, type[EvictionPolicy]] = {
     "vllm": VllmPolicy,
     "gdsf": GdsfPolicy,
     "s3fifo": S3FifoPolicy,
     "lfu-ghost": GhostLfuPolicy,
+    "arc": ArcPolicy,
 }
 
 

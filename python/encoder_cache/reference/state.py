@@ -120,6 +120,8 @@ def _check_policy_order(state: dict[str, Any], tiers: list[int]) -> None:
             _broken(POLICY_ORDERED, f"item '{item}' has frequency 0")
         if entry["referrers"] and entry["rank"] != 0.0:
             _broken(POLICY_ORDERED, f"referenced item '{item}' has rank {entry['rank']}")
+    if policy == "arc" and not (0 <= clock <= state["cache_size"] and clock == int(clock)):
+        _broken(POLICY_ORDERED, f"arc's target {clock} is not a whole number from 0 to the cache size")
     previous: tuple[int, Any] | None = None
     for (item, _), tier in zip(state["freeable"], tiers):
         entry = entries[item]
@@ -139,6 +141,13 @@ def _check_policy_order(state: dict[str, Any], tiers: list[int]) -> None:
             if previous is not None and previous[0] == tier and previous[1] and not main:
                 _broken(POLICY_ORDERED, f"item '{item}' of the small queue follows the main queue")
             previous = (tier, main)
+        if policy == "arc":
+            frequent = frequency > 1
+            if rank != 0.0:
+                _broken(POLICY_ORDERED, f"item '{item}' has rank {rank} under arc")
+            if previous is not None and previous[0] == tier and previous[1] and not frequent:
+                _broken(POLICY_ORDERED, f"item '{item}' of the recent lane follows the frequent lane")
+            previous = (tier, frequent)
 
 
 def _broken(rule: str, detail: str) -> NoReturn:
