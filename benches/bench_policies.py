@@ -4,8 +4,7 @@
   each round schedules a new 16-item request item by item (check for a hit,
   can_allocate, allocate) and frees it. Half of its items come from a small
   popular set (hits, or re-encodes once evicted), half are new, so every round
-  evicts and the policy chooses. Issue 14 asks that no policy cost more than
-  1.5x ``vllm`` per call here;
+  evicts and the policy chooses;
 - lookahead: ``mark_waiting`` then ``unmark_waiting`` of a 16-item request
   whose items are cached and evictable (each moves tier twice);
 - stats: one ``stats()`` call on that manager (a scheduler may call it every step).

@@ -212,7 +212,7 @@ def test_progress_bar_waits_for_long_runs():
     assert stream.getvalue() == ""
 
 
-# Issue 16: each bad input through the real entry point, in a subprocess.
+# Each bad input through the real entry point, in a subprocess.
 
 BAD_INPUTS = [
     (["--plot", "/sys/plot.png"], "--plot /sys/plot.png: cannot write in /sys"),
