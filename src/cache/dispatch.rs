@@ -7,11 +7,11 @@
 
 use hashbrown::HashMap;
 
+use super::arc::Arc;
 use super::core::PolicyCache;
 use super::errors::CacheError;
 use super::events::StepEvents;
 use super::keys::{Handle, Key, KeyArg};
-use super::arc::Arc;
 use super::policies::{Gdsf, GhostLfu, Policy, S3Fifo, Vllm};
 use super::requests::HeldInputs;
 use super::state::{CacheState, InvariantViolation, PolicyState};
