@@ -52,7 +52,9 @@ REQUEST_CASES = {
 #: One step-level call for a request whose items are all cached and held, per step.
 STEP_CASES = {"step: schedule 1 cached item": 1, "step: schedule 16 cached items": 16}
 CALL_REPEATS = 5_000
-POLICIES = {name: partial(encoder_cache.EncoderCacheManager, policy=name) for name in ("gdsf", "s3fifo", "lfu-ghost", "arc")}
+POLICIES = {
+    name: partial(encoder_cache.EncoderCacheManager, policy=name) for name in ("gdsf", "s3fifo", "lfu-ghost", "arc")
+}
 ALL_MANAGERS = {**MANAGERS, **POLICIES}
 IMPLEMENTATIONS = ["vllm", "rust", *FLOORS, *POLICIES]
 MARKS_C = """
