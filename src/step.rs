@@ -394,17 +394,17 @@ impl StepCache for EncoderDecoderCache {
 /// Python's `bisect.bisect_left` over `key(input_id)` for the first `len`
 /// items, midpoint for midpoint, so the window matches vLLM's even where items
 /// overlap and their ends are not sorted.
-fn bisect_left(len: usize, x: i128, key: impl Fn(usize) -> u64) -> usize {
+fn bisect_left<E>(len: usize, x: i128, mut key: impl FnMut(usize) -> Result<u64, E>) -> Result<usize, E> {
     let (mut lo, mut hi) = (0, len);
     while lo < hi {
         let mid = usize::midpoint(lo, hi);
-        if i128::from(key(mid)) < x {
+        if i128::from(key(mid)?) < x {
             lo = mid + 1;
         } else {
             hi = mid;
         }
     }
-    lo
+    Ok(lo)
 }
 
 /// The items a step with `args` looks at (vLLM's `get_mm_features_in_window`):
@@ -412,24 +412,31 @@ fn bisect_left(len: usize, x: i128, key: impl Fn(usize) -> u64) -> usize {
 /// with encoder-decoder rules) to the last that starts before the window's
 /// end. Only these need full records. Empty when the step schedules no tokens.
 pub fn window<I: Items + ?Sized>(items: &I, args: StepArgs, encoder_decoder: bool) -> Range<usize> {
-    let len = items.num_items();
-    if args.num_new_tokens == 0 || len == 0 {
-        return 0..0;
-    }
     // Only ids below `len` are looked up, so the positions are there.
-    let position = |input_id| items.position(input_id).unwrap_or_default();
+    let position = |input_id| Ok::<_, std::convert::Infallible>(items.position(input_id).unwrap_or_default());
+    match window_by(items.num_items(), args, encoder_decoder, position) {
+        Ok(window) => window,
+        Err(never) => match never {},
+    }
+}
+
+/// [`window`] over `len` items whose positions `position(input_id)` gives as
+/// the bisections ask for them: about `2 log2(len)` of them, so a caller can
+/// read positions lazily, as vLLM's bisections over `mm_features` do.
+pub fn window_by<E>(
+    len: usize,
+    args: StepArgs,
+    encoder_decoder: bool,
+    mut position: impl FnMut(usize) -> Result<(u64, u64), E>,
+) -> Result<Range<usize>, E> {
+    if args.num_new_tokens == 0 || len == 0 {
+        return Ok(0..0);
+    }
     let computed = i128::from(args.num_computed_tokens);
     let window_end = computed + i128::from(args.num_new_tokens) + i128::from(args.shift_computed_tokens);
-    let lo = if encoder_decoder {
-        0
-    } else {
-        bisect_left(len, computed + 1, |i| {
-            let (offset, length) = position(i);
-            offset + length
-        })
-    };
-    let hi = bisect_left(len, window_end, |i| position(i).0);
-    lo..hi.max(lo)
+    let lo = if encoder_decoder { 0 } else { bisect_left(len, computed + 1, |i| position(i).map(|(offset, length)| offset + length))? };
+    let hi = bisect_left(len, window_end, |i| position(i).map(|(offset, _)| offset))?;
+    Ok(lo..hi.max(lo))
 }
 
 /// vLLM's `_try_schedule_encoder_inputs` for the request's `items` (sorted by
@@ -569,8 +576,15 @@ pub fn inputs_to_free<'a, C: StepCache, I: Items + ?Sized>(
     let num_items = items.num_items();
     let mut done = Vec::new();
     for input_id in cache.held_inputs(request_id, num_items) {
-        let (offset, length) = items.position(input_id).ok_or(StepError::InputOutOfRange { input_id, num_items })?;
-        if all || i128::from(offset) + i128::from(length) <= i128::from(position) {
+        if input_id >= num_items {
+            return Err(StepError::InputOutOfRange { input_id, num_items });
+        }
+        if all {
+            done.push(input_id);
+            continue;
+        }
+        let (offset, length) = items.position(input_id).ok_or(StepError::NotRead { input_id })?;
+        if i128::from(offset) + i128::from(length) <= i128::from(position) {
             done.push(input_id);
         }
     }

@@ -53,6 +53,20 @@ fn the_window_bisects_like_vllm() {
 }
 
 #[test]
+fn the_window_search_asks_for_few_positions() {
+    // 1,000 items of 4 tokens every 10; the step covers items 900 to 915.
+    let mut asked = Vec::new();
+    let position = |input_id: usize| {
+        asked.push(input_id);
+        Ok::<_, ()>((10 * input_id as u64, 4))
+    };
+    assert_eq!(window_by(1000, args(9000, 160, 0), false, position), Ok(900..916));
+    assert!(asked.len() <= 2 * 10, "{} positions asked for", asked.len());
+    // A failed read ends the search with that error.
+    assert_eq!(window_by(1000, args(9000, 160, 0), false, |_| Err::<(u64, u64), _>("unreadable")), Err("unreadable"));
+}
+
+#[test]
 fn only_the_items_a_call_needs_must_be_read() {
     let items = [item("a", 0, 4), item("b", 10, 4), item("c", 20, 4)];
     let mut cache = EncoderCache::new(100);

@@ -7,6 +7,7 @@ import gc
 import weakref
 from typing import Any
 
+import numpy as np
 import pytest
 from step_helpers import ArrayPlaceholder, snapshot
 
@@ -166,6 +167,49 @@ def test_is_embed_masks_in_any_form(cls: type, mask: Any) -> None:
     req = Request("r", [MultiModalFeature("a", position)])
     assert manager.try_schedule_encoder_inputs(req, 0, 3, 10) == ([], 3, 10, [], []), "only a break token"
     assert manager.try_schedule_encoder_inputs(req, 0, 4, 10) == ([0], 4, 8, [], [])
+
+
+class TensorMask:
+    """A torch bool tensor's reading surface: ``numpy()`` and ``tolist()``,
+    counting which one the manager used."""
+
+    def __init__(self, values: list[bool]) -> None:
+        self.values = values
+        self.used: list[str] = []
+
+    def numpy(self) -> Any:
+        self.used.append("numpy")
+        return np.asarray(self.values, dtype=bool)
+
+    def tolist(self) -> list[bool]:
+        self.used.append("tolist")
+        return list(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        """For the twin, which reads a mask with numpy as vLLM reads it with torch."""
+        return np.asarray(self.values, dtype=dtype or bool)
+
+
+@pytest.mark.parametrize("cls", SHARED, ids=ids)
+@pytest.mark.parametrize("length", [8, 128, 129, 600])
+def test_tensor_masks_short_and_long(cls: type, length: int) -> None:
+    """A tensor mask is read once, by ``tolist()`` up to 128 entries and by
+    ``numpy()`` past that; either way the embeddings are its true entries and
+    a step covering only its break tokens encodes nothing."""
+    values = [i % 3 != 0 for i in range(length)]  # a break token every third
+    mask = TensorMask(values)
+    position = ArrayPlaceholder(0, length, values)
+    position.is_embed = mask
+    manager = cls(1000)
+    req = Request("r", [MultiModalFeature("a", position)])
+    assert manager.try_schedule_encoder_inputs(req, 0, 1, 1000) == ([], 1, 1000, [], []), "only a break token"
+    assert manager.try_schedule_encoder_inputs(req, 0, length, 1000) == ([0], length, 1000 - sum(values), [], [])
+    if cls.__module__.startswith("encoder_cache.reference"):
+        return  # the twin reads masks with numpy
+    assert mask.used == (["tolist"] if length <= 128 else ["numpy"])
 
 
 def test_a_mask_of_the_wrong_length_is_refused() -> None:

@@ -151,3 +151,49 @@ def test_growth_and_new_objects() -> None:
     assert manager.try_schedule_encoder_inputs(Request("r", fresh), 0, 4, 100)[0] == [0, 1]
     assert [f.reads() for f in fresh] == [(1, 1), (1, 1)]
     assert [f.reads() for f in features] == [(1, 1), (1, 1), (1, 1)]
+
+
+class PositionCounter:
+    """A feature whose ``mm_position`` reads are counted."""
+
+    def __init__(self, identifier: str, offset: int, length: int) -> None:
+        self.identifier = identifier
+        self._position = ArrayPlaceholder(offset, length, None)
+        self.position_reads = 0
+
+    @property
+    def mm_position(self) -> ArrayPlaceholder:
+        self.position_reads += 1
+        return self._position
+
+
+@pytest.mark.parametrize("cls", MANAGERS)
+def test_positions_are_read_as_the_window_search_needs_them(cls: type) -> None:
+    """A long conversation's new turn: a prefix-cache hit covers its first 240
+    items, so the step reads the positions its two bisections visit (as vLLM's
+    bisections over ``mm_features`` do) and those of the items it schedules,
+    not the other 240."""
+    manager = cls(10_000)
+    features = [PositionCounter(f"img-{i}", 10 * i, 4) for i in range(256)]
+    req = Request("r", features)
+    computed = 10 * 240 if cls is encoder_cache.EncoderCacheManager else 0
+    out = manager.try_schedule_encoder_inputs(req, computed, 10 * 16, 10_000)
+    assert out[0] == list(range(240 if computed else 0, 256 if computed else 16))
+    manager.allocate_encoder_inputs(req, out[0], out[4])
+    assert manager.free_encoder_inputs_before(req, computed + 160) == out[0]
+    scheduled = set(out[0])
+    untouched = [f.position_reads for i, f in enumerate(features) if i not in scheduled]
+    assert sum(untouched) <= 2 * 9, f"{sum(untouched)} position reads of items the step never schedules"
+    assert all(features[i].position_reads >= 1 for i in scheduled)
+
+
+def test_per_call_inputs_have_their_positions_read_when_freed() -> None:
+    """An input held through the per-call methods (no position read yet) is
+    freed by the step-level call once its placeholder has been passed."""
+    manager = encoder_cache.EncoderCacheManager(100)
+    features = [PositionCounter("a", 0, 4), PositionCounter("b", 10, 4)]
+    req = Request("r", features)
+    manager.allocate(req, 1)
+    assert manager.free_encoder_inputs_before(req, 5) == []
+    assert manager.free_encoder_inputs_before(req, 14) == [1]
+    assert manager.request_cached_ids == {}

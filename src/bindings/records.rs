@@ -70,8 +70,6 @@ pub(crate) struct RequestRecord {
     /// The core's handle for the request, while it holds inputs.
     pub(crate) handle: Option<Handle>,
     pub(crate) inputs: Vec<InputRecord>,
-    /// Inputs `0..positioned` have their positions read.
-    pub(crate) positioned: usize,
     /// Whether the record has its place in [`Records`]' age order.
     aged: bool,
     /// What the request held at the last `get_cached_input_ids` answer, with that
@@ -88,7 +86,6 @@ impl RequestRecord {
             id,
             handle: None,
             inputs: Vec::new(),
-            positioned: 0,
             aged: false,
             held_ids: None,
         }
@@ -112,7 +109,6 @@ impl RequestRecord {
         if !input.feature.as_ref().is_some_and(|f| f.is(feature)) {
             if input.feature.is_some() || input.position.is_some() {
                 *input = InputRecord::default();
-                self.positioned = self.positioned.min(input_id);
             }
             self.inputs[input_id].feature = Some(feature.clone().unbind());
         }
@@ -129,12 +125,11 @@ impl RequestRecord {
     /// Forgets every input (the request's items were replaced).
     pub(crate) fn forget_inputs(&mut self) {
         self.inputs.clear();
-        self.positioned = 0;
     }
 }
 
-/// A request's inputs as the step functions see them: positions for
-/// `0..positioned`, full items where read.
+/// A request's inputs as the step functions see them: the positions and
+/// the full items read so far.
 pub(crate) struct StepItems<'a> {
     pub(crate) inputs: &'a [InputRecord],
 }

@@ -6,10 +6,11 @@
 //! What is read from Python, and when:
 //! - every call: `len(request.mm_features)`;
 //! - `request.request_id`, once per request object (see `records`);
-//! - an item's position (`mm_position.offset` and `.length`), once, when the
-//!   item is first seen: for all items of a request object the first time it
-//!   comes, for the new items when `mm_features` grew (streaming input), and
-//!   again for all after a call that failed while reading positions;
+//! - an item's position (`mm_position.offset` and `.length`), once, when a
+//!   call first needs it: the bisections that find a step's window read
+//!   about `2 log2(n)` positions of a request's `n` items, as vLLM's do; the
+//!   items in the window, those named in `allocate_encoder_inputs` and the
+//!   held ones `free_encoder_inputs_before` looks at are read as well;
 //! - the rest of an item (`identifier`, `modality`, `mm_position.is_embed`,
 //!   whose true entries are its embeddings, as vLLM's `get_num_embeds()`
 //!   counts them), once, when a call first needs it: the item is in the
@@ -19,7 +20,7 @@
 //!   `get_num_embeds()` (a torch cumsum in vLLM for a masked item) is never
 //!   called.
 
-use std::ops::DerefMut;
+use std::ops::{DerefMut, Range};
 use std::sync::Arc;
 
 use pyo3::intern;
@@ -59,8 +60,8 @@ where
     out
 }
 
-/// `request.mm_features`, with the positions of the items the record has
-/// not seen yet read into it. A failed read forgets the items' records.
+/// `request.mm_features`, with the record sized to its items (a record with
+/// more items than the request has now is started over).
 fn read_positions<'py>(record: &mut RequestRecord, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let features = features(request)?;
     let num_items = features.len()?;
@@ -68,39 +69,42 @@ fn read_positions<'py>(record: &mut RequestRecord, request: &Bound<'py, PyAny>) 
         record.forget_inputs(); // items were removed: start over
     }
     record.grow(num_items);
-    if record.positioned < num_items {
-        let py = request.py();
-        let read = (record.positioned..num_items).try_for_each(|i| {
-            let feature = features.get_item(i)?;
-            let position = feature.getattr(intern!(py, "mm_position"))?;
-            let offset = count(&position.getattr(intern!(py, "offset"))?, "mm_position.offset")?;
-            let length = count(&position.getattr(intern!(py, "length"))?, "mm_position.length")?;
-            let input = &mut record.inputs[i];
-            if !input.feature.as_ref().is_some_and(|f| f.is(&feature)) {
-                *input = super::records::InputRecord { feature: Some(feature.unbind()), ..Default::default() };
-            }
-            input.position = Some((offset, length));
-            Ok(())
-        });
-        if let Err(err) = read {
-            record.forget_inputs();
-            return Err(err);
-        }
-        record.positioned = num_items;
-    }
     Ok(features)
+}
+
+/// The position of input `input_id`, read from `mm_features` the first time.
+fn position_of(record: &mut RequestRecord, features: &Bound<'_, PyAny>, input_id: usize) -> PyResult<(u64, u64)> {
+    if let Some(position) = record.inputs[input_id].position {
+        return Ok(position);
+    }
+    let py = features.py();
+    let feature = features.get_item(input_id)?;
+    let position = feature.getattr(intern!(py, "mm_position"))?;
+    let offset = count(&position.getattr(intern!(py, "offset"))?, "mm_position.offset")?;
+    let length = count(&position.getattr(intern!(py, "length"))?, "mm_position.length")?;
+    let input = &mut record.inputs[input_id];
+    if !input.feature.as_ref().is_some_and(|f| f.is(&feature)) {
+        *input = super::records::InputRecord { feature: Some(feature.unbind()), ..Default::default() };
+    }
+    input.position = Some((offset, length));
+    Ok((offset, length))
+}
+
+/// The step's window (see [`step::window`]), reading the positions its bisections visit.
+fn read_window(record: &mut RequestRecord, features: &Bound<'_, PyAny>, args: StepArgs, encoder_decoder: bool) -> PyResult<Range<usize>> {
+    let len = record.inputs.len();
+    step::window_by(len, args, encoder_decoder, |input_id| position_of(record, features, input_id))
 }
 
 /// Reads the full items of `input_ids` not read yet. Ids past the last item
 /// are left for the step functions to report.
 fn load(record: &mut RequestRecord, features: &Bound<'_, PyAny>, input_ids: impl IntoIterator<Item = usize>) -> PyResult<()> {
     for input_id in input_ids {
-        let Some(input) = record.inputs.get_mut(input_id) else {
-            continue;
-        };
-        let (Some((offset, length)), None) = (input.position, &input.item) else {
+        if input_id >= record.inputs.len() || record.inputs[input_id].item.is_some() {
             continue; // read already (an id may come twice)
-        };
+        }
+        let (offset, length) = position_of(record, features, input_id)?;
+        let input = &mut record.inputs[input_id];
         let feature = match &input.feature {
             Some(feature) => feature.bind(features.py()).clone(),
             None => features.get_item(input_id)?,
@@ -189,14 +193,17 @@ where
     let Some(record) = state.records.get_mut(request) else {
         return Ok(None);
     };
-    if record.positioned != num_items || record.inputs.len() != num_items {
+    if record.inputs.len() != num_items {
         return Ok(None);
     }
-    let items = StepItems { inputs: &record.inputs };
-    let window = step::window(&items, args, C::ENCODER_DECODER);
+    let known = |input_id: usize| record.inputs[input_id].position.ok_or(());
+    let Ok(window) = step::window_by(num_items, args, C::ENCODER_DECODER, known) else {
+        return Ok(None); // a position to read
+    };
     if !record.inputs[window].iter().all(|input| input.item.is_some()) {
         return Ok(None);
     }
+    let items = StepItems { inputs: &record.inputs };
     let mut no_remote = |_: &Key| Ok::<bool, PyErr>(false);
     C::schedule(&mut state.cache, record.id(), &items, args, &mut no_remote).map(Some)
 }
@@ -213,7 +220,7 @@ where
     M: PyClass<Frozen = False> + DerefMut<Target = ManagerState<C>>,
 {
     with_record(manager, request, |record, features| {
-        let window = step::window(&StepItems { inputs: &record.inputs }, args, C::ENCODER_DECODER);
+        let window = read_window(record, features, args, C::ENCODER_DECODER)?;
         load(record, features, window)?;
         let mut remote = |identifier: &Key| match has_remote_item {
             Some(callback) => callback.call1((&**identifier,))?.is_truthy(),
@@ -253,7 +260,22 @@ where
     M: PyClass<Frozen = False> + DerefMut<Target = ManagerState<C>>,
 {
     let decoder_started = C::ENCODER_DECODER && request.getattr(intern!(request.py(), "num_computed_tokens"))?.extract::<i64>()? > 0;
-    with_record(manager, request, |record, _| {
+    with_record(manager, request, |record, features| {
+        if !decoder_started {
+            // Inputs held through the per-call methods may have no position read yet.
+            let unread: Vec<usize> = {
+                let state = write(manager)?;
+                let inputs = &record.inputs;
+                state
+                    .cache
+                    .held_inputs(record.id(), inputs.len())
+                    .filter(|&i| inputs.get(i).is_some_and(|input| input.position.is_none()))
+                    .collect()
+            };
+            for input_id in unread {
+                position_of(record, features, input_id)?;
+            }
+        }
         let items = StepItems { inputs: &record.inputs };
         Ok(C::free_before(&mut write(manager)?.cache, record.id(), &items, position, decoder_started)?)
     })
