@@ -70,6 +70,13 @@ SCENARIOS = {
     "multi-turn": (harness.Setup(), dict(seed=1, num_conversations=12, num_turns=4)),
     # vLLM never splits an image across steps.
     "whole-images": (harness.Setup(disable_chunked_mm_input=True), dict(seed=2, num_conversations=12, num_turns=4)),
+    # Masks longer than 128 entries (read through numpy) beside shorter ones (read with tolist).
+    "long-masks": (
+        harness.Setup(
+            max_image_tokens=400, encoder_cache_size=1200, encoder_compute_budget=800, max_num_batched_tokens=512
+        ),
+        dict(seed=3, num_conversations=10, num_turns=3, image_lengths=(96, 200, 400)),
+    ),
     # Long answers in a small KV cache: requests are preempted and their encoder inputs freed.
     "preemption": (
         harness.Setup(num_blocks=80),
