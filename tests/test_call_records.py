@@ -237,20 +237,29 @@ def test_get_cached_input_ids_is_a_fresh_set_that_follows_every_change() -> None
         assert state(rust) == state(python)
 
 
-def test_get_cached_input_ids_never_hands_out_a_set_changed_or_still_held() -> None:
+@pytest.mark.parametrize("already_held", [0, 6], ids=["few ids (built)", "many ids (copied)"])
+def test_get_cached_input_ids_never_hands_out_a_set_changed_or_still_held(already_held: int) -> None:
+    """Small answers are built afresh, larger ones copied from the last
+    answer the record keeps: either way a caller's changes to an answer, or
+    a later change to the holdings, never reach another answer."""
     manager = encoder_cache.EncoderCacheManager(100)
-    request = make_request("r", ["a", "b", "c"], [4, 4, 4])
-    schedule_one(manager, request, 0)
+    names = [f"i{k}" for k in range(already_held)] + ["a", "b", "c"]
+    request = make_request("r", names, [4] * len(names))
+    for input_id in range(already_held):
+        schedule_one(manager, request, input_id)
+    first = already_held
+    base = set(range(already_held))
+    schedule_one(manager, request, first)
     changed = manager.get_cached_input_ids(request)
-    changed.discard(0)
-    changed.add(7)  # same size, other contents
+    changed.discard(first)
+    changed.add(77)  # same size, other contents
     del changed
-    assert manager.get_cached_input_ids(request) == {0}
+    assert manager.get_cached_input_ids(request) == base | {first}
     held = manager.get_cached_input_ids(request)
-    schedule_one(manager, request, 1)
-    assert held == {0}, "a returned set is a snapshot: later changes do not reach it"
+    schedule_one(manager, request, first + 1)
+    assert held == base | {first}, "a returned set is a snapshot: later changes do not reach it"
     again = manager.get_cached_input_ids(request)
-    assert again == {0, 1} and again is not held
+    assert again == base | {first, first + 1} and again is not held
     assert manager.get_cached_input_ids(request) is not again, "a set someone holds is not handed out twice"
 
 
