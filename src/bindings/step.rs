@@ -74,9 +74,19 @@ fn read_positions<'py>(record: &mut RequestRecord, request: &Bound<'py, PyAny>) 
 
 /// The position of input `input_id`, read from `mm_features` the first time.
 fn position_of(record: &mut RequestRecord, features: &Bound<'_, PyAny>, input_id: usize) -> PyResult<(u64, u64)> {
-    if let Some(position) = record.inputs[input_id].position {
-        return Ok(position);
+    match record.inputs[input_id].position {
+        Some(position) => Ok(position),
+        None => read_position(record, features, input_id).map(|(_, _, offset, length)| (offset, length)),
     }
+}
+
+/// Reads input `input_id`'s position into the record: the feature, its
+/// `mm_position` object, offset and length.
+fn read_position<'py>(
+    record: &mut RequestRecord,
+    features: &Bound<'py, PyAny>,
+    input_id: usize,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, u64, u64)> {
     let py = features.py();
     let feature = features.get_item(input_id)?;
     let position = feature.getattr(intern!(py, "mm_position"))?;
@@ -84,10 +94,10 @@ fn position_of(record: &mut RequestRecord, features: &Bound<'_, PyAny>, input_id
     let length = count(&position.getattr(intern!(py, "length"))?, "mm_position.length")?;
     let input = &mut record.inputs[input_id];
     if !input.feature.as_ref().is_some_and(|f| f.is(&feature)) {
-        *input = super::records::InputRecord { feature: Some(feature.unbind()), ..Default::default() };
+        *input = super::records::InputRecord { feature: Some(feature.clone().unbind()), ..Default::default() };
     }
     input.position = Some((offset, length));
-    Ok((offset, length))
+    Ok((feature, position, offset, length))
 }
 
 /// The step's window (see [`step::window`]), reading the positions its bisections visit.
@@ -103,13 +113,18 @@ fn load(record: &mut RequestRecord, features: &Bound<'_, PyAny>, input_ids: impl
         if input_id >= record.inputs.len() || record.inputs[input_id].item.is_some() {
             continue; // read already (an id may come twice)
         }
-        let (offset, length) = position_of(record, features, input_id)?;
-        let input = &mut record.inputs[input_id];
-        let feature = match &input.feature {
-            Some(feature) => feature.bind(features.py()).clone(),
-            None => features.get_item(input_id)?,
+        let py = features.py();
+        // A position read here comes with its objects, which the item's reads use again.
+        let (feature, position, offset, length) = match (record.inputs[input_id].position, &record.inputs[input_id].feature) {
+            (Some((offset, length)), Some(feature)) => {
+                let feature = feature.bind(py).clone();
+                let position = feature.getattr(intern!(py, "mm_position"))?;
+                (feature, position, offset, length)
+            }
+            _ => read_position(record, features, input_id)?,
         };
-        let item = read_item(&feature, offset, length)?;
+        let item = read_item(&feature, &position, offset, length)?;
+        let input = &mut record.inputs[input_id];
         if input.identifier.is_none() {
             input.identifier = Some((item.identifier.clone(), item.hash));
         }
@@ -120,11 +135,11 @@ fn load(record: &mut RequestRecord, features: &Bound<'_, PyAny>, input_ids: impl
 }
 
 /// An item's full record, at the position read before: the feature's
-/// `identifier` and `modality`, and its `mm_position.is_embed` mask.
-fn read_item(feature: &Bound<'_, PyAny>, offset: u64, length: u64) -> PyResult<Item> {
+/// `identifier` and `modality`, and the `is_embed` mask of its `position`
+/// (`feature.mm_position`).
+fn read_item(feature: &Bound<'_, PyAny>, position: &Bound<'_, PyAny>, offset: u64, length: u64) -> PyResult<Item> {
     let py = feature.py();
     let identifier = expect_str(feature.getattr(intern!(py, "identifier"))?, "mm_features[i].identifier")?;
-    let position = feature.getattr(intern!(py, "mm_position"))?;
     let mask = read_mask(&position.getattr(intern!(py, "is_embed"))?, length)?;
     // vLLM's get_num_embeds(): the placeholder's length, or its mask's true entries. Counted here
     // from the mask already read, where vLLM's method runs a torch cumsum per item.
