@@ -11,13 +11,13 @@ use super::methods::manager_methods;
 use super::modality;
 use super::request::{count, features, identifier, identifier_of, input_index, request_id};
 use super::shared::ManagerState;
+use super::state::{cache_state_from_dict, cache_state_to_dict};
+use crate::cache::{Counters, EncoderCache, Key, Policy, DEFAULT_MAX_PENDING};
 
 /// `get_cached_input_ids` builds sets of up to this many ids (about 1,700
 /// instructions for one, 2,100 for four, under callgrind) and copies a kept
 /// one past that (2,100 for one, 2,500 for eight; building eight takes 3,100).
 const BUILT_HELD_SETS: usize = 4;
-use super::state::{cache_state_from_dict, cache_state_to_dict};
-use crate::cache::{Counters, EncoderCache, Key, Policy, DEFAULT_MAX_PENDING};
 
 /// The encoder cache of a multimodal model, with vLLM 0.33's API: which items
 /// (by content hash) are cached, which requests reference them, which

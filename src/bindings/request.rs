@@ -158,8 +158,8 @@ pub(crate) fn read_mask(is_embed: &Bound<'_, PyAny>, length: u64) -> PyResult<Op
         Some(bytes) if bytes.len() as u64 == length => bytes.into_iter().map(|b| b != 0).collect(),
         _ => {
             let py = is_embed.py();
-            let values =
-                if is_embed.hasattr(intern!(py, "tolist"))? { is_embed.call_method0(intern!(py, "tolist"))? } else { is_embed.clone() };
+            let has_tolist = short_tensor || is_embed.hasattr(intern!(py, "tolist"))?;
+            let values = if has_tolist { is_embed.call_method0(intern!(py, "tolist"))? } else { is_embed.clone() };
             truths(&values)?
         }
     };

@@ -35,8 +35,8 @@ use super::shared::{write, ManagerState};
 use crate::cache::Key;
 use crate::step::{self, Item, Scheduled, StepArgs, StepCache};
 
-/// Runs `work` on the record of `request` with its item positions read,
-/// taken out of the manager for the call (so the request's own code, run by
+/// Runs `work` on the record of `request`, sized to its items (positions are
+/// read as `work` needs them), taken out of the manager for the call (so the request's own code, run by
 /// the reads, finds the manager usable) and given back afterwards, whatever
 /// `work` returned.
 fn with_record<'py, C, M, T>(
@@ -52,7 +52,7 @@ where
         Some(record) => record,
         None => RequestRecord::new(request, request_id(request)?.to_str()?),
     };
-    let out = read_positions(&mut record, request).and_then(|features| work(&mut record, &features));
+    let out = sized_features(&mut record, request).and_then(|features| work(&mut record, &features));
     // A manager still borrowed (a failed re-entrant call) keeps no record: records are only a cache.
     if let Ok(mut state) = write(manager) {
         state.records.put(request, record);
@@ -62,7 +62,7 @@ where
 
 /// `request.mm_features`, with the record sized to its items (a record with
 /// more items than the request has now is started over).
-fn read_positions<'py>(record: &mut RequestRecord, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+fn sized_features<'py>(record: &mut RequestRecord, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let features = features(request)?;
     let num_items = features.len()?;
     if record.inputs.len() > num_items {
