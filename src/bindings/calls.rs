@@ -30,7 +30,7 @@ use crate::cache::{hash_key, EncoderCache, Key, KeyArg};
 /// When a per-call method reads `request.request_id`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum IdRead {
-    /// Never: the method keeps records only of requests they already know.
+    /// Never: the record has it already, or a read changed the records and the call reads for itself.
     Never,
     /// Only to keep records: a request without a readable id is served all the same.
     ForRecords,
@@ -59,9 +59,10 @@ impl Needs {
         Self { request_id: IdRead::ForRecords, identifier: false, num_embeds: true, modality: false, changes: false };
     /// `allocate`: the modality too, which the item's statistics are counted under.
     pub(crate) const ALL: Self = Self { request_id: IdRead::Always, identifier: true, num_embeds: true, modality: true, changes: true };
-    /// `get_cached_num_encoder_embeds`.
+    /// `get_cached_num_encoder_embeds`: vLLM's scheduler calls it first on
+    /// each item, so its reads are recorded for the hit check that follows.
     pub(crate) const IDENTIFIER: Self =
-        Self { request_id: IdRead::Never, identifier: true, num_embeds: false, modality: false, changes: false };
+        Self { request_id: IdRead::ForRecords, identifier: true, num_embeds: false, modality: false, changes: false };
 }
 
 /// One input as a per-call method sees it: what its [`Needs`] asked for.
