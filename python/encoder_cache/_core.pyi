@@ -89,7 +89,13 @@ class EncoderCacheManager:
         this input as another item.
         """
     def get_cached_input_ids(self, request: _Request) -> set[int]:
-        """Return the input ids the request holds in the cache, as a new set."""
+        """Return the input ids the request holds in the cache.
+
+        As with vLLM's live set, the set is the manager's: copy it before
+        changing it. Unlike vLLM's, it never changes after it is handed out:
+        while the request holds the same inputs every call returns the same
+        set, and a change to the holdings makes a new one.
+        """
     def free_encoder_input(self, request: _Request, input_id: int) -> None:
         """Drop the request's hold on one input. The request's reference to the
         item goes with its last held occurrence; an entry left unreferenced

@@ -14,11 +14,6 @@ use super::shared::ManagerState;
 use super::state::{cache_state_from_dict, cache_state_to_dict};
 use crate::cache::{Counters, EncoderCache, Key, Policy, DEFAULT_MAX_PENDING};
 
-/// `get_cached_input_ids` builds sets of up to this many ids (about 1,700
-/// instructions for one, 2,100 for four, under callgrind) and copies a kept
-/// one past that (2,100 for one, 2,500 for eight; building eight takes 3,100).
-const BUILT_HELD_SETS: usize = 4;
-
 /// The encoder cache of a multimodal model, with vLLM 0.33's API: which items
 /// (by content hash) are cached, which requests reference them, which
 /// unreferenced entries may be evicted, and which evictions the workers must
@@ -171,33 +166,38 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
         })
     }
 
-    /// Return the input ids the request holds in the cache, as a new set.
-    // Up to `BUILT_HELD_SETS` ids the set is built from them. Past that the
-    // request's record keeps the last set it answered with: while the
-    // request holds the same inputs, the answer is a copy of it (a table
-    // copy, where building a set hashes and inserts every id, and grows its
-    // table past four).
+    /// Return the input ids the request holds in the cache.
+    ///
+    /// As with vLLM's live set, the set is the manager's: copy it before
+    /// changing it. Unlike vLLM's, it never changes after it is handed out:
+    /// while the request holds the same inputs every call returns the same
+    /// set, and a change to the holdings makes a new one.
+    // A caller's change to the shared set that alters its size is caught,
+    // and the set is built afresh.
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let py = slf.py();
-        // Built and copied under the borrow: a set of ints runs no Python code.
+        // Built under the borrow: a set of ints runs no Python code.
         let mut guard = slf.try_borrow_mut()?;
         let state: &mut ManagerState<EncoderCache> = &mut guard;
         if let Some(record) = state.records.get_mut(request) {
             let Some(held) = state.cache.cached_input_ids(record.id()) else {
                 return PySet::empty(py);
             };
-            if held.len() <= BUILT_HELD_SETS {
-                return PySet::new(py, held.positions());
-            }
-            let answered = match record.held_ids.as_deref() {
-                Some((ids, set)) if ids == held => set.bind(py).clone(),
-                _ => {
-                    let set = PySet::new(py, held.positions())?;
-                    record.held_ids = Some(Box::new((held.clone(), set.clone().unbind())));
-                    set
+            if let Some((ids, set)) = record.held_ids.as_deref() {
+                let set = set.bind(py);
+                if ids == held && set.len() == held.len() {
+                    return Ok(set.clone());
                 }
-            };
-            return answered.call_method0(pyo3::intern!(py, "copy"))?.cast_into::<PySet>().map_err(PyErr::from);
+            }
+            let set = PySet::new(py, held.positions())?;
+            match record.held_ids.as_deref_mut() {
+                Some(kept) => {
+                    kept.0.clone_from(held);
+                    kept.1 = set.clone().unbind();
+                }
+                None => record.held_ids = Some(Box::new((held.clone(), set.clone().unbind()))),
+            }
+            return Ok(set);
         }
         drop(guard);
         with_request_id(slf, request, |cache: &mut EncoderCache, id| match cache.cached_input_ids(id) {

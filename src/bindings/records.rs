@@ -72,8 +72,8 @@ pub(crate) struct RequestRecord {
     pub(crate) inputs: Vec<InputRecord>,
     /// Whether the record has its place in [`Records`]' age order.
     aged: bool,
-    /// What the request held at the last `get_cached_input_ids` answer, with that
-    /// set (never handed out: callers get copies).
+    /// What the request held at the last `get_cached_input_ids` answer, with
+    /// that answer, handed out again while the holdings stay the same.
     pub(crate) held_ids: Option<Box<(HeldInputs, Py<PySet>)>>,
 }
 
