@@ -1,7 +1,8 @@
-//! The eviction order's storage: lanes of unreferenced entries threaded
-//! through the entries' own `links`, so that releasing, taking back and
-//! evicting an entry are O(1) (lists) or O(log n) (heaps) with no searching,
-//! no stale places and no compaction.
+//! The eviction order's storage: FIFO lanes of unreferenced entries threaded
+//! through the entries' own `links`, and min-heap lanes that keep each
+//! entry's position themselves, so that releasing, taking back and evicting
+//! an entry are O(1) (lists) or O(log n) (heaps) with no searching, no stale
+//! places and no compaction.
 
 use super::entries::{Entry, NIL, NO_LANE};
 use super::table::Table;
@@ -102,16 +103,25 @@ impl Place {
     }
 }
 
-/// `N` binary min-heaps of entries; `links[0]` is an entry's position in its heap.
+/// `N` binary min-heaps of entries. Each entry's position in its heap is
+/// kept here, by entry index, so that sifting touches no entry.
 #[derive(Debug, Clone)]
 pub(crate) struct HeapLanes<const N: usize> {
     heaps: [Vec<Place>; N],
+    /// Heap position by entry index (meaningful while the entry is in a heap).
+    positions: Vec<u32>,
 }
 
 impl<const N: usize> Default for HeapLanes<N> {
     fn default() -> Self {
-        Self { heaps: std::array::from_fn(|_| Vec::new()) }
+        Self { heaps: std::array::from_fn(|_| Vec::new()), positions: Vec::new() }
     }
+}
+
+/// A heap position as stored; a cache holds far fewer than 2^32 entries.
+#[inline]
+fn stored(position: usize) -> u32 {
+    u32::try_from(position).unwrap_or(NIL)
 }
 
 impl<const N: usize> HeapLanes<N> {
@@ -119,24 +129,29 @@ impl<const N: usize> HeapLanes<N> {
         let entry = entries.get_mut(index);
         let (priority, order) = entry.meta.heap_key();
         entry.lane = u8::try_from(lane).unwrap_or(NO_LANE);
+        if self.positions.len() <= index as usize {
+            self.positions.resize(index as usize + 1, NIL);
+        }
         let heap = &mut self.heaps[lane];
         heap.push(Place { priority, order, index });
-        let position = heap.len() - 1;
-        self.sift_up(entries, lane, position);
+        let last = heap.len() - 1;
+        sift_up(heap, &mut self.positions, last);
     }
 
     pub(crate) fn remove<M>(&mut self, entries: &mut Table<Entry<M>>, index: u32) {
         let entry = entries.get_mut(index);
         let lane = usize::from(entry.lane);
-        let position = entry.links[0] as usize;
         entry.lane = NO_LANE;
-        entry.links = [NIL, NIL];
+        let position = self.positions[index as usize] as usize;
         let heap = &mut self.heaps[lane];
         let last = heap.pop().expect("the entry is in this heap");
         if position < heap.len() {
-            heap[position] = last;
-            let position = self.sift_down(entries, lane, position);
-            self.sift_up(entries, lane, position);
+            // Floyd's removal: the hole sinks to a leaf along the lower
+            // children (one comparison a level), then the last place fills
+            // it and rises as far as it must.
+            let leaf = sink_hole(heap, &mut self.positions, position);
+            heap[leaf] = last;
+            sift_up(heap, &mut self.positions, leaf);
         }
     }
 
@@ -155,47 +170,42 @@ impl<const N: usize> HeapLanes<N> {
         }
         out
     }
+}
 
-    fn settle<M>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, position: usize, place: Place) {
-        self.heaps[lane][position] = place;
-        entries.get_mut(place.index).links[0] = u32::try_from(position).unwrap_or(NIL);
-    }
-
-    /// Moves the place at `position` up to where it belongs; its final position.
-    fn sift_up<M>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, mut position: usize) -> usize {
-        let place = self.heaps[lane][position];
-        while position > 0 {
-            let parent = (position - 1) / 2;
-            let above = self.heaps[lane][parent];
-            if !place.before(&above) {
-                break;
-            }
-            self.settle(entries, lane, position, above);
-            position = parent;
+/// Moves the place at `position` up to where it belongs, noting the
+/// position of every place it moves.
+#[inline]
+fn sift_up(heap: &mut [Place], positions: &mut [u32], mut position: usize) {
+    let place = heap[position];
+    while position > 0 {
+        let parent = (position - 1) / 2;
+        let above = heap[parent];
+        if !place.before(&above) {
+            break;
         }
-        self.settle(entries, lane, position, place);
-        position
+        heap[position] = above;
+        positions[above.index as usize] = stored(position);
+        position = parent;
     }
+    heap[position] = place;
+    positions[place.index as usize] = stored(position);
+}
 
-    /// Moves the place at `position` down to where it belongs; its final position.
-    fn sift_down<M>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, mut position: usize) -> usize {
-        let len = self.heaps[lane].len();
-        let place = self.heaps[lane][position];
-        loop {
-            let left = 2 * position + 1;
-            if left >= len {
-                break;
-            }
-            let heap = &self.heaps[lane];
-            let child = if left + 1 < len && heap[left + 1].before(&heap[left]) { left + 1 } else { left };
-            let below = heap[child];
-            if !below.before(&place) {
-                break;
-            }
-            self.settle(entries, lane, position, below);
-            position = child;
+/// Moves the hole at `position` down to a leaf, each level's lower child
+/// rising into it; the leaf where the hole ends.
+#[inline]
+fn sink_hole(heap: &mut [Place], positions: &mut [u32], mut position: usize) -> usize {
+    let len = heap.len();
+    loop {
+        let left = 2 * position + 1;
+        if left >= len {
+            return position;
         }
-        self.settle(entries, lane, position, place);
-        position
+        let right = left + 1;
+        let child = if right < len && heap[right].before(&heap[left]) { right } else { left };
+        let below = heap[child];
+        heap[position] = below;
+        positions[below.index as usize] = stored(position);
+        position = child;
     }
 }
