@@ -89,32 +89,72 @@ pub(crate) trait HeapKey {
     fn heap_key(&self) -> (f64, u64);
 }
 
-/// A heap place: the entry's key, kept beside its slot so that sifting reads no entry.
+/// A heap place: the entry's key, kept beside its slot so that sifting reads
+/// no entry. The priority is kept as an integer that orders as `f64::total_cmp`
+/// orders the float, so a comparison is two integer compares.
 #[derive(Debug, Clone, Copy)]
 struct Place {
-    priority: f64,
+    rank: i64,
     order: u64,
     index: u32,
 }
 
+/// `priority` as an integer in `f64::total_cmp`'s order.
+#[inline]
+fn rank_of(priority: f64) -> i64 {
+    // Reinterpreting the bits is the point: total_cmp's own transform.
+    #[allow(clippy::cast_possible_wrap)]
+    let bits = priority.to_bits() as i64;
+    #[allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+    let flip = (((bits >> 63) as u64) >> 1) as i64;
+    bits ^ flip
+}
+
 impl Place {
+    #[inline]
     fn before(&self, other: &Place) -> bool {
-        self.priority.total_cmp(&other.priority).then(self.order.cmp(&other.order)).is_lt()
+        (self.rank, self.order) < (other.rank, other.order)
     }
 }
 
-/// `N` binary min-heaps of entries. Each entry's position in its heap is
-/// kept here, by entry index, so that sifting touches no entry.
+/// Where an entry of a [`HeapLanes`] is: its heap position, or this while
+/// it is in its lane's run.
+const IN_RUN: u32 = NIL - 1;
+
+/// A lane's run: entries released in order of key, each at or above the one
+/// before, as a list threaded through the entries' `links` (lowest first).
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    head: u32,
+    tail: u32,
+    head_key: (i64, u64),
+    tail_key: (i64, u64),
+}
+
+impl Default for Run {
+    fn default() -> Self {
+        Self { head: NIL, tail: NIL, head_key: (0, 0), tail_key: (0, 0) }
+    }
+}
+
+/// `N` lanes of entries ordered by key, lowest first. Each lane is a run
+/// (a list of the entries released at or above the lane's latest release,
+/// in order) and a binary min-heap of the rest, whose positions are kept
+/// here by entry index so that sifting touches no entry. Where keys mostly
+/// rise with release, as GDSF's aging clock makes them (a long video, or
+/// items of one size and frequency), releases and evictions are O(1) list
+/// operations; the heap takes the releases that come in below.
 #[derive(Debug, Clone)]
 pub(crate) struct HeapLanes<const N: usize> {
+    runs: [Run; N],
     heaps: [Vec<Place>; N],
-    /// Heap position by entry index (meaningful while the entry is in a heap).
+    /// By entry index: the heap position, or [`IN_RUN`].
     positions: Vec<u32>,
 }
 
 impl<const N: usize> Default for HeapLanes<N> {
     fn default() -> Self {
-        Self { heaps: std::array::from_fn(|_| Vec::new()), positions: Vec::new() }
+        Self { runs: [Run::default(); N], heaps: std::array::from_fn(|_| Vec::new()), positions: Vec::new() }
     }
 }
 
@@ -124,27 +164,68 @@ fn stored(position: usize) -> u32 {
     u32::try_from(position).unwrap_or(NIL)
 }
 
+fn key_of<M: HeapKey>(meta: &M) -> (i64, u64) {
+    let (priority, order) = meta.heap_key();
+    (rank_of(priority), order)
+}
+
 impl<const N: usize> HeapLanes<N> {
     pub(crate) fn push<M: HeapKey>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, index: u32) {
         let entry = entries.get_mut(index);
-        let (priority, order) = entry.meta.heap_key();
+        let key = key_of(&entry.meta);
         entry.lane = u8::try_from(lane).unwrap_or(NO_LANE);
         if self.positions.len() <= index as usize {
             self.positions.resize(index as usize + 1, NIL);
         }
+        let run = &mut self.runs[lane];
+        if run.tail == NIL || key >= run.tail_key {
+            entry.links = [run.tail, NIL];
+            if run.tail == NIL {
+                run.head = index;
+                run.head_key = key;
+            } else {
+                entries.get_mut(run.tail).links[1] = index;
+            }
+            run.tail = index;
+            run.tail_key = key;
+            self.positions[index as usize] = IN_RUN;
+            return;
+        }
         let heap = &mut self.heaps[lane];
-        heap.push(Place { priority, order, index });
+        heap.push(Place { rank: key.0, order: key.1, index });
         let last = heap.len() - 1;
         sift_up(heap, &mut self.positions, last);
     }
 
-    pub(crate) fn remove<M>(&mut self, entries: &mut Table<Entry<M>>, index: u32) {
+    pub(crate) fn remove<M: HeapKey>(&mut self, entries: &mut Table<Entry<M>>, index: u32) {
         let entry = entries.get_mut(index);
         let lane = usize::from(entry.lane);
         entry.lane = NO_LANE;
-        let position = self.positions[index as usize] as usize;
+        let position = self.positions[index as usize];
+        if position == IN_RUN {
+            let [previous, next] = std::mem::replace(&mut entry.links, [NIL, NIL]);
+            let run = &mut self.runs[lane];
+            if previous == NIL {
+                run.head = next;
+                if next != NIL {
+                    run.head_key = key_of(&entries.get(next).meta);
+                }
+            } else {
+                entries.get_mut(previous).links[1] = next;
+            }
+            if next == NIL {
+                run.tail = previous;
+                if previous != NIL {
+                    run.tail_key = key_of(&entries.get(previous).meta);
+                }
+            } else {
+                entries.get_mut(next).links[0] = previous;
+            }
+            return;
+        }
         let heap = &mut self.heaps[lane];
         let last = heap.pop().expect("the entry is in this heap");
+        let position = position as usize;
         if position < heap.len() {
             // Floyd's removal: the hole sinks to a leaf along the lower
             // children (one comparison a level), then the last place fills
@@ -157,16 +238,26 @@ impl<const N: usize> HeapLanes<N> {
 
     /// The first non-empty lane's lowest entry.
     pub(crate) fn first(&self) -> Option<u32> {
-        self.heaps.iter().find_map(|heap| heap.first().map(|place| place.index))
+        self.runs.iter().zip(&self.heaps).find_map(|(run, heap)| match (run.head, heap.first()) {
+            (NIL, place) => place.map(|place| place.index),
+            (_, Some(place)) if (place.rank, place.order) < run.head_key => Some(place.index),
+            (head, _) => Some(head),
+        })
     }
 
     /// Every lane's entries, lane by lane, lowest first.
-    pub(crate) fn walk<M>(&self, _entries: &Table<Entry<M>>) -> Vec<u32> {
+    pub(crate) fn walk<M: HeapKey>(&self, entries: &Table<Entry<M>>) -> Vec<u32> {
         let mut out = Vec::new();
-        for heap in &self.heaps {
-            let mut sorted = heap.clone();
-            sorted.sort_by(|a, b| a.priority.total_cmp(&b.priority).then(a.order.cmp(&b.order)));
-            out.extend(sorted.into_iter().map(|place| place.index));
+        for (run, heap) in self.runs.iter().zip(&self.heaps) {
+            let mut lane: Vec<((i64, u64), u32)> = heap.iter().map(|place| ((place.rank, place.order), place.index)).collect();
+            let mut at = run.head;
+            while at != NIL {
+                let entry = entries.get(at);
+                lane.push((key_of(&entry.meta), at));
+                at = entry.links[1];
+            }
+            lane.sort_unstable();
+            out.extend(lane.into_iter().map(|(_, index)| index));
         }
         out
     }
@@ -207,5 +298,20 @@ fn sink_hole(heap: &mut [Place], positions: &mut [u32], mut position: usize) -> 
         heap[position] = below;
         positions[below.index as usize] = stored(position);
         position = child;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rank_of;
+
+    #[test]
+    fn ranks_order_as_total_cmp_orders_the_floats() {
+        let floats = [f64::NEG_INFINITY, -3.5, -1e-300, -0.0, 0.0, 1e-300, 1.0, 1.0 + f64::EPSILON, 2.5e10, f64::INFINITY];
+        for a in floats {
+            for b in floats {
+                assert_eq!(rank_of(a).cmp(&rank_of(b)), a.total_cmp(&b), "{a} against {b}");
+            }
+        }
     }
 }

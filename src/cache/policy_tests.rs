@@ -320,3 +320,36 @@ fn arc_target_scales_with_a_resize_and_survives_a_restore() {
     cache.reset();
     assert_eq!(cache.clock(), 5.0, "a reset starts again from half the size");
 }
+
+#[test]
+fn heap_policies_evict_by_frequency_then_release_however_releases_interleave() {
+    // Each item's hits taken together release items out of key order, so the lanes'
+    // ordered run and heap both hold entries, and take-backs come from both.
+    let hits = [5_usize, 3, 5, 0, 1, 0, 2, 2, 7, 1, 1, 4];
+    for policy in [Policy::Gdsf, Policy::GhostLfu] {
+        let mut cache = EncoderCache::with_policy(hits.len() as u64, policy);
+        let mut released = vec![0_usize; hits.len()];
+        let mut clock = 0;
+        for i in 0..hits.len() {
+            admit(&mut cache, &format!("r{i}"), &format!("i{i}"), 1);
+        }
+        for (i, at) in released.iter_mut().enumerate() {
+            cache.free(format!("r{i}").as_str());
+            clock += 1;
+            *at = clock;
+        }
+        for (i, &n) in hits.iter().enumerate() {
+            for _ in 0..n {
+                hit(&mut cache, &format!("i{i}"), 1);
+                clock += 1;
+                released[i] = clock;
+            }
+        }
+        let mut expected: Vec<usize> = (0..hits.len()).collect();
+        expected.sort_by_key(|&i| (hits[i], released[i]));
+        let expected: Vec<String> = expected.iter().map(|i| format!("i{i}")).collect();
+        let listed: Vec<String> = cache.freeable().iter().map(|(key, _)| key.to_string()).collect();
+        assert_eq!(listed, expected, "{policy}: the order as listed");
+        assert_eq!(evict_for(&mut cache, hits.len() as u64), expected, "{policy}: the order evicted");
+    }
+}
