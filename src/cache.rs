@@ -30,6 +30,7 @@ mod entries;
 mod errors;
 mod events;
 mod frequency_memory;
+mod ghosts;
 mod keys;
 mod lanes;
 mod policies;

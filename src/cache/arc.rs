@@ -14,10 +14,7 @@
 //! All arithmetic is on whole embeddings, so the Python twin
 //! (`encoder_cache.reference.policies.ArcPolicy`) decides the same.
 
-use std::collections::VecDeque;
-
-use hashbrown::HashMap;
-
+use super::ghosts::{GhostMap, Inserted};
 use super::lanes::ListLanes;
 use super::policies::{Entries, EvictionPolicy, Policy};
 
@@ -47,43 +44,26 @@ impl ArcMeta {
 /// Evicted items of one class, oldest first, bounded in embeddings and items.
 #[derive(Debug, Clone, Default)]
 struct GhostList {
-    /// Hash -> (stamp of its place in `order`, embeddings).
-    sizes: HashMap<u64, (u64, u64)>,
-    /// (stamp, hash) in eviction order; places whose item left are skipped.
-    order: VecDeque<(u64, u64)>,
+    /// Sizes in embeddings by hash.
+    sizes: GhostMap<u64, ARC_GHOST_ITEMS>,
     embeds: u64,
-    last_stamp: u64,
 }
 
 impl GhostList {
     fn insert(&mut self, hash: u64, num_embeds: u64, bound: u64) {
-        self.last_stamp += 1;
-        if let Some((_, old)) = self.sizes.insert(hash, (self.last_stamp, num_embeds)) {
-            self.embeds -= old;
+        if let Inserted::Replaced(forgotten) | Inserted::Displaced(forgotten) = self.sizes.insert(hash, num_embeds) {
+            self.embeds -= forgotten;
         }
         self.embeds += num_embeds;
-        self.order.push_back((self.last_stamp, hash));
-        while self.embeds > bound || self.sizes.len() > ARC_GHOST_ITEMS {
-            let Some((stamp, oldest)) = self.order.pop_front() else { break };
-            if let Some(&(s, size)) = self.sizes.get(&oldest) {
-                if s == stamp {
-                    self.sizes.remove(&oldest);
-                    self.embeds -= size;
-                }
-            }
-        }
-        if self.order.len() > 2 * self.sizes.len() + 64 {
-            let sizes = &self.sizes;
-            self.order.retain(|(stamp, hash)| sizes.get(hash).is_some_and(|&(s, _)| s == *stamp));
+        while self.embeds > bound {
+            let Some((_, size)) = self.sizes.pop_oldest() else { break };
+            self.embeds -= size;
         }
     }
 
     /// Forgets `hash`; its size if it was remembered.
     fn take(&mut self, hash: u64) -> Option<u64> {
-        if self.sizes.is_empty() {
-            return None;
-        }
-        let (_, size) = self.sizes.remove(&hash)?;
+        let size = self.sizes.take(hash)?;
         self.embeds -= size;
         Some(size)
     }

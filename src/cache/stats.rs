@@ -8,9 +8,7 @@
 //! counts nothing. A re-encode is a miss on an item this cache evicted earlier
 //! (among its [`EVICTED_MEMORY`] most recent evictions).
 
-use std::collections::VecDeque;
-
-use hashbrown::HashMap;
+use super::ghosts::GhostMap;
 
 /// How many evicted items the cache remembers to recognise re-encodes: the
 /// most recent evictions (an item leaves when allocated again).
@@ -135,32 +133,17 @@ impl Tally {
 /// keeping the identifiers.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Ghosts {
-    /// Hash -> the stamp of its place in `order`.
-    stamps: HashMap<u64, u64>,
-    order: VecDeque<(u64, u64)>,
-    last_stamp: u64,
+    hashes: GhostMap<(), EVICTED_MEMORY>,
 }
 
 impl Ghosts {
     pub(crate) fn insert(&mut self, hash: u64) {
-        self.last_stamp += 1;
-        self.stamps.insert(hash, self.last_stamp);
-        self.order.push_back((self.last_stamp, hash));
-        while self.stamps.len() > EVICTED_MEMORY {
-            let Some((stamp, hash)) = self.order.pop_front() else { break };
-            if self.stamps.get(&hash) == Some(&stamp) {
-                self.stamps.remove(&hash);
-            }
-        }
-        if self.order.len() > 2 * EVICTED_MEMORY {
-            let stamps = &self.stamps;
-            self.order.retain(|(stamp, hash)| stamps.get(hash) == Some(stamp));
-        }
+        self.hashes.insert(hash, ());
     }
 
     /// Forgets `hash`; true if it was remembered.
     #[inline]
     pub(crate) fn remove(&mut self, hash: u64) -> bool {
-        !self.stamps.is_empty() && self.stamps.remove(&hash).is_some()
+        self.hashes.take(hash).is_some()
     }
 }
