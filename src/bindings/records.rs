@@ -50,7 +50,7 @@ pub(crate) struct InputRecord {
     /// `(offset, length)` of the item's placeholder, for the step-level methods.
     pub(crate) position: Option<(u64, u64)>,
     /// The full item, once a step needed it.
-    pub(crate) item: Option<Box<Item>>,
+    pub(crate) item: Option<Item>,
     /// The core's handle for the item's entry, when it was last cached.
     pub(crate) handle: Option<Handle>,
 }

@@ -129,7 +129,7 @@ fn load(record: &mut RequestRecord, features: &Bound<'_, PyAny>, input_ids: impl
             input.identifier = Some((item.identifier.clone(), item.hash));
         }
         input.modality = Some(item.modality);
-        input.item = Some(Box::new(item));
+        input.item = Some(item);
     }
     Ok(())
 }
