@@ -70,6 +70,12 @@ impl<const N: usize> ListLanes<N> {
         (self.len[lane] > 0).then_some(self.head[lane])
     }
 
+    /// The newest entry of `lane`.
+    #[inline]
+    pub(crate) fn tail(&self, lane: usize) -> Option<u32> {
+        (self.len[lane] > 0).then_some(self.tail[lane])
+    }
+
     /// The lanes' entries, lane by lane, oldest first.
     pub(crate) fn walk<M>(&self, entries: &Table<Entry<M>>) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.len.iter().sum());
@@ -121,32 +127,16 @@ impl Place {
 /// it is in its lane's run.
 const IN_RUN: u32 = NIL - 1;
 
-/// A lane's run: entries released in order of key, each at or above the one
-/// before, as a list threaded through the entries' `links` (lowest first).
-#[derive(Debug, Clone, Copy)]
-struct Run {
-    head: u32,
-    tail: u32,
-    head_key: (i64, u64),
-    tail_key: (i64, u64),
-}
-
-impl Default for Run {
-    fn default() -> Self {
-        Self { head: NIL, tail: NIL, head_key: (0, 0), tail_key: (0, 0) }
-    }
-}
-
 /// `N` lanes of entries ordered by key, lowest first. Each lane is a run
-/// (a list of the entries released at or above the lane's latest release,
-/// in order) and a binary min-heap of the rest, whose positions are kept
-/// here by entry index so that sifting touches no entry. Where keys mostly
-/// rise with release, as GDSF's aging clock makes them (a long video, or
-/// items of one size and frequency), releases and evictions are O(1) list
-/// operations; the heap takes the releases that come in below.
+/// (a FIFO list of the entries released at or above the lane's latest
+/// release, so lowest first) and a binary min-heap of the rest, whose
+/// positions are kept here by entry index so that sifting touches no entry.
+/// Where keys mostly rise with release, as GDSF's aging clock makes them (a
+/// long video, or items of one size and frequency), releases and evictions
+/// are O(1) list operations; the heap takes the releases that come in below.
 #[derive(Debug, Clone)]
 pub(crate) struct HeapLanes<const N: usize> {
-    runs: [Run; N],
+    runs: ListLanes<N>,
     heaps: [Vec<Place>; N],
     /// By entry index: the heap position, or [`IN_RUN`].
     positions: Vec<u32>,
@@ -154,7 +144,7 @@ pub(crate) struct HeapLanes<const N: usize> {
 
 impl<const N: usize> Default for HeapLanes<N> {
     fn default() -> Self {
-        Self { runs: [Run::default(); N], heaps: std::array::from_fn(|_| Vec::new()), positions: Vec::new() }
+        Self { runs: ListLanes::default(), heaps: std::array::from_fn(|_| Vec::new()), positions: Vec::new() }
     }
 }
 
@@ -164,65 +154,39 @@ fn stored(position: usize) -> u32 {
     u32::try_from(position).unwrap_or(NIL)
 }
 
-fn key_of<M: HeapKey>(meta: &M) -> (i64, u64) {
-    let (priority, order) = meta.heap_key();
+#[inline]
+fn key_of<M: HeapKey>(entries: &Table<Entry<M>>, index: u32) -> (i64, u64) {
+    let (priority, order) = entries.get(index).meta.heap_key();
     (rank_of(priority), order)
 }
 
 impl<const N: usize> HeapLanes<N> {
     pub(crate) fn push<M: HeapKey>(&mut self, entries: &mut Table<Entry<M>>, lane: usize, index: u32) {
-        let entry = entries.get_mut(index);
-        let key = key_of(&entry.meta);
-        entry.lane = u8::try_from(lane).unwrap_or(NO_LANE);
+        let key = key_of(entries, index);
         if self.positions.len() <= index as usize {
             self.positions.resize(index as usize + 1, NIL);
         }
-        let run = &mut self.runs[lane];
-        if run.tail == NIL || key >= run.tail_key {
-            entry.links = [run.tail, NIL];
-            if run.tail == NIL {
-                run.head = index;
-                run.head_key = key;
-            } else {
-                entries.get_mut(run.tail).links[1] = index;
-            }
-            run.tail = index;
-            run.tail_key = key;
+        if self.runs.tail(lane).is_none_or(|tail| key >= key_of(entries, tail)) {
+            self.runs.push_back(entries, lane, index);
             self.positions[index as usize] = IN_RUN;
             return;
         }
+        entries.get_mut(index).lane = u8::try_from(lane).unwrap_or(NO_LANE);
         let heap = &mut self.heaps[lane];
         heap.push(Place { rank: key.0, order: key.1, index });
         let last = heap.len() - 1;
         sift_up(heap, &mut self.positions, last);
     }
 
-    pub(crate) fn remove<M: HeapKey>(&mut self, entries: &mut Table<Entry<M>>, index: u32) {
+    pub(crate) fn remove<M>(&mut self, entries: &mut Table<Entry<M>>, index: u32) {
+        let position = self.positions[index as usize];
+        if position == IN_RUN {
+            self.runs.unlink(entries, index);
+            return;
+        }
         let entry = entries.get_mut(index);
         let lane = usize::from(entry.lane);
         entry.lane = NO_LANE;
-        let position = self.positions[index as usize];
-        if position == IN_RUN {
-            let [previous, next] = std::mem::replace(&mut entry.links, [NIL, NIL]);
-            let run = &mut self.runs[lane];
-            if previous == NIL {
-                run.head = next;
-                if next != NIL {
-                    run.head_key = key_of(&entries.get(next).meta);
-                }
-            } else {
-                entries.get_mut(previous).links[1] = next;
-            }
-            if next == NIL {
-                run.tail = previous;
-                if previous != NIL {
-                    run.tail_key = key_of(&entries.get(previous).meta);
-                }
-            } else {
-                entries.get_mut(next).links[0] = previous;
-            }
-            return;
-        }
         let heap = &mut self.heaps[lane];
         let last = heap.pop().expect("the entry is in this heap");
         let position = position as usize;
@@ -237,27 +201,25 @@ impl<const N: usize> HeapLanes<N> {
     }
 
     /// The first non-empty lane's lowest entry.
-    pub(crate) fn first(&self) -> Option<u32> {
-        self.runs.iter().zip(&self.heaps).find_map(|(run, heap)| match (run.head, heap.first()) {
-            (NIL, place) => place.map(|place| place.index),
-            (_, Some(place)) if (place.rank, place.order) < run.head_key => Some(place.index),
-            (head, _) => Some(head),
+    pub(crate) fn first<M: HeapKey>(&self, entries: &Table<Entry<M>>) -> Option<u32> {
+        (0..N).find_map(|lane| match (self.runs.head(lane), self.heaps[lane].first()) {
+            (None, place) => place.map(|place| place.index),
+            (Some(head), Some(place)) if (place.rank, place.order) < key_of(entries, head) => Some(place.index),
+            (head, _) => head,
         })
     }
 
     /// Every lane's entries, lane by lane, lowest first.
     pub(crate) fn walk<M: HeapKey>(&self, entries: &Table<Entry<M>>) -> Vec<u32> {
+        let mut in_runs = self.runs.walk(entries).into_iter().peekable();
         let mut out = Vec::new();
-        for (run, heap) in self.runs.iter().zip(&self.heaps) {
-            let mut lane: Vec<((i64, u64), u32)> = heap.iter().map(|place| ((place.rank, place.order), place.index)).collect();
-            let mut at = run.head;
-            while at != NIL {
-                let entry = entries.get(at);
-                lane.push((key_of(&entry.meta), at));
-                at = entry.links[1];
+        for (lane, heap) in self.heaps.iter().enumerate() {
+            let mut places: Vec<((i64, u64), u32)> = heap.iter().map(|place| ((place.rank, place.order), place.index)).collect();
+            while let Some(index) = in_runs.next_if(|&index| usize::from(entries.get(index).lane) == lane) {
+                places.push((key_of(entries, index), index));
             }
-            lane.sort_unstable();
-            out.extend(lane.into_iter().map(|(_, index)| index));
+            places.sort_unstable();
+            out.extend(places.into_iter().map(|(_, index)| index));
         }
         out
     }

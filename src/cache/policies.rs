@@ -290,7 +290,7 @@ impl EvictionPolicy for Gdsf {
 
     #[allow(private_interfaces)]
     fn evict(&mut self, entries: &mut Entries<Self>) -> Option<u32> {
-        let index = self.lanes.first()?;
+        let index = self.lanes.first(entries)?;
         self.clock = self.clock.max(entries.get(index).meta.priority);
         self.lanes.remove(entries, index);
         Some(index)
