@@ -15,15 +15,41 @@
 //! frequency memory (`frequency_memory`) and ARC's ghost lists (`arc`).
 
 use std::collections::VecDeque;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use hashbrown::HashMap;
+
+/// Keys that are already 64-bit hashes (`hash_key`'s, well mixed) are their
+/// own hash: hashing them again would only cost time.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct OwnHash(u64);
+
+impl Hasher for OwnHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed with this; other input folds in bytewise.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+/// A map keyed by 64-bit item hashes.
+pub(crate) type HashKeyed<V> = HashMap<u64, V, BuildHasherDefault<OwnHash>>;
 
 /// Evicted items by hash, each with a value, oldest first; at most `BOUND`
 /// of them (past it, the oldest is forgotten).
 #[derive(Debug, Clone)]
 pub(crate) struct GhostMap<V, const BOUND: usize> {
     /// Hash -> (stamp of its place in `order`, value).
-    by_hash: HashMap<u64, (u64, V)>,
+    by_hash: HashKeyed<(u64, V)>,
     /// (stamp, hash), oldest first; some places stale.
     order: VecDeque<(u64, u64)>,
     last_stamp: u64,
@@ -31,7 +57,7 @@ pub(crate) struct GhostMap<V, const BOUND: usize> {
 
 impl<V, const BOUND: usize> Default for GhostMap<V, BOUND> {
     fn default() -> Self {
-        Self { by_hash: HashMap::new(), order: VecDeque::new(), last_stamp: 0 }
+        Self { by_hash: HashKeyed::default(), order: VecDeque::new(), last_stamp: 0 }
     }
 }
 
@@ -83,9 +109,9 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
     /// Forgets the oldest item: its hash and value.
     pub(crate) fn pop_oldest(&mut self) -> Option<(u64, V)> {
         while let Some((stamp, hash)) = self.order.pop_front() {
-            if let Some(&(live, value)) = self.by_hash.get(&hash) {
-                if live == stamp {
-                    self.by_hash.remove(&hash);
+            if let hashbrown::hash_map::EntryRef::Occupied(place) = self.by_hash.entry_ref(&hash) {
+                if place.get().0 == stamp {
+                    let (_, value) = place.remove();
                     return Some((hash, value));
                 }
             }
