@@ -10,7 +10,7 @@ compiled on the fly), so setup is never counted. The count per call (per item
 for the request cases, per step for the step cases) is the dump's total over N,
 less the same loop doing nothing. The cases and stand-ins are the benches' own
 (bench_calls, bench_lifecycle, bench_step); the step-level cases have no floor
-or reads stand-ins. ``gdsf``, ``s3fifo``, ``lfu-ghost`` and ``arc`` are the Rust manager under those
+or reads stand-ins. ``gdsf``, ``s3fifo``, ``lfu-ghost``, ``arc`` and ``duel`` are the Rust manager under those
 policies.
 """
 
@@ -52,9 +52,7 @@ REQUEST_CASES = {
 #: One step-level call for a request whose items are all cached and held, per step.
 STEP_CASES = {"step: schedule 1 cached item": 1, "step: schedule 16 cached items": 16}
 CALL_REPEATS = 5_000
-POLICIES = {
-    name: partial(encoder_cache.EncoderCacheManager, policy=name) for name in ("gdsf", "s3fifo", "lfu-ghost", "arc")
-}
+POLICIES = {name: partial(encoder_cache.EncoderCacheManager, policy=name) for name in encoder_cache.POLICIES[1:]}
 ALL_MANAGERS = {**MANAGERS, **POLICIES}
 IMPLEMENTATIONS = ["vllm", "rust", *FLOORS, *POLICIES]
 MARKS_C = """

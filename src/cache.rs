@@ -9,7 +9,8 @@
 //! - `table`: the slab tables entries and requests live in, found by name;
 //! - `entries`: a cached item and the requests referencing it;
 //! - `requests`: what a request holds, input by input;
-//! - `lanes`, `policies`, `arc`: the eviction order, one type per [`Policy`];
+//! - `lanes`, `policies`, `arc`, `duel`: the eviction order, one type per
+//!   [`Policy`]; `shadows`: the shadow caches `duel` chooses by;
 //! - `stats`: counters and the ghosts of evicted items;
 //! - `core`: [`PolicyCache`], the operations under one policy;
 //! - `dispatch`: [`EncoderCache`], the policy chosen at run time;
@@ -26,6 +27,7 @@
 mod arc;
 mod core;
 mod dispatch;
+mod duel;
 mod entries;
 mod errors;
 mod events;
@@ -37,6 +39,7 @@ mod policies;
 #[cfg(test)]
 mod policy_tests;
 mod requests;
+mod shadows;
 pub mod state;
 mod stats;
 mod table;
@@ -47,6 +50,7 @@ pub(crate) use self::core::shrink_when_sparse;
 pub use self::core::PolicyCache;
 pub use arc::{Arc, ArcMeta, ARC_GHOST_ITEMS};
 pub use dispatch::{with_policy_cache, EncoderCache};
+pub use duel::Duel;
 pub use entries::Entry;
 pub use errors::CacheError;
 pub use events::{StepEvents, DEFAULT_MAX_PENDING};
@@ -54,5 +58,6 @@ pub use frequency_memory::{FrequencyMemory, FREQUENCY_MEMORY};
 pub use keys::{hash_key, Handle, Key, KeyArg};
 pub use policies::{EvictionPolicy, Gdsf, GdsfMeta, GhostLfu, Policy, S3Fifo, S3FifoMeta, Vllm, GDSF_COST_SCALE, S3FIFO_MAX_CREDIT};
 pub use requests::HeldInputs;
+pub use shadows::SHADOW_HALF_LIFE;
 pub use state::{CacheState, EntryPolicyState, EntryState, InvariantViolation, PolicyState, RequestState};
 pub use stats::{CacheStats, Counters, EVICTED_MEMORY};

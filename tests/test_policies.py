@@ -76,7 +76,7 @@ def make(request: Any) -> Any:
 
 
 def test_policies_are_named_and_bad_names_are_refused(make):
-    assert reference.POLICIES == POLICIES == ("vllm", "gdsf", "s3fifo", "lfu-ghost", "arc")
+    assert reference.POLICIES == POLICIES == ("vllm", "gdsf", "s3fifo", "lfu-ghost", "arc", "duel")
     for name in POLICIES:
         assert make(8, policy=name).policy == name
     assert make(8).policy == "vllm"
@@ -336,9 +336,9 @@ def _ops(seed: int, *managers: Any, steps: int = 150) -> None:
 
 
 #: Policies whose whole state a snapshot holds (lfu-ghost's memory of evicted
-#: items' counts and arc's ghost lists are not in it: a restored manager
-#: starts with them empty).
-SNAPSHOT_COMPLETE = tuple(p for p in POLICIES if p not in ("lfu-ghost", "arc"))
+#: items' counts, arc's ghost lists and duel's shadow caches are not in it: a
+#: restored manager starts with them empty).
+SNAPSHOT_COMPLETE = tuple(p for p in POLICIES if p not in ("lfu-ghost", "arc", "duel"))
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -545,3 +545,73 @@ def test_simulated_workloads_keep_every_invariant(policy, kind, monkeypatch):
     workload = generate(WorkloadConfig(kind=kind, requests=60, seed=3))
     result = simulate(workload, SchedulerLimits(), "python", policy, check=True)
     assert result.counters.requests == 60
+
+
+# --- duel ----------------------------------------------------------------------
+
+
+def _acquire(manager: Any, request_id: str, item: str, size: int) -> None:
+    """One request acquires ``item`` (a hit, or an allocation evicting as needed), then is freed."""
+    r = request(request_id, (item, size))
+    if not manager.check_and_update_cache(r, 0):
+        assert manager.can_allocate(r, 0, 1 << 40, 0)
+        manager.allocate(r, 0)
+    manager.free(r)
+
+
+def _freed_over(manager: Any, sequence: list[str], size: int = 10) -> list[str]:
+    freed: list[str] = []
+    for k, item in enumerate(sequence):
+        _acquire(manager, f"r{k}", item, size)
+        freed += manager.get_freed_mm_hashes()
+    return freed
+
+
+def test_duel_keeps_a_hot_item_that_vllms_order_loses(make):
+    # Room for three items; a hot one comes back every fourth acquisition, between one-offs:
+    # vLLM's order evicts it each time, lfu-ghost's keeps it, and duel's shadows see that.
+    sequence = [item for k in range(40) for item in ("hot", f"a{k}", f"b{k}", f"c{k}")]
+    assert _freed_over(make(30, policy="vllm"), sequence).count("hot") == 40
+    duel = make(30, policy="duel")
+    freed = _freed_over(duel, sequence)
+    assert freed.count("hot") <= 3, "only until the shadows tell the orders apart"
+    assert freed[-10:] == _freed_over(make(30, policy="lfu-ghost"), sequence)[-10:]
+    assert "hot" in duel.snapshot()["entries"]
+
+
+def test_duel_follows_vllms_order_where_counts_mislead(make):
+    # Each item is used a few times while it is new, then never again: lfu-ghost keeps the old,
+    # often-counted items and loses the new ones; duel evicts exactly as vllm does.
+    sequence = [item for k in range(300) for item in (f"i{k}", f"i{k + 1}") * 3]
+    vllm_freed = _freed_over(make(30, policy="vllm"), sequence)
+    assert _freed_over(make(30, policy="duel"), sequence) == vllm_freed
+    assert _freed_over(make(30, policy="lfu-ghost"), sequence) != vllm_freed
+
+
+@pytest.mark.skipif(len(IMPLEMENTATIONS) < 2, reason="the Rust manager does not take policy= in this build")
+@pytest.mark.parametrize("seed", range(3))
+def test_duel_decides_like_the_twin_across_many_halvings(seed):
+    # Long enough to halve the shadows' counts several times (every 4,096
+    # acquisitions) and to switch orders both ways, a dozen times or more:
+    # hot items between one-offs in one phase (lfu-ghost's order wins),
+    # items that move on in the next (vLLM's wins).
+    rng = random.Random(seed)
+    sequence, sizes = [], {}
+    for phase in range(16):
+        for k in range(1500 if phase % 2 == 0 else 800):
+            if phase % 2 == 0:
+                item = f"hot{rng.randrange(8)}" if k % 2 else f"scan{phase}-{k}"
+            else:
+                item = f"m{phase}-{k // 4 + rng.randrange(3)}"
+            sizes.setdefault(item, rng.randrange(1, 9))
+            sequence.append(item)
+    managers = [impl.values[0](40, policy="duel") for impl in IMPLEMENTATIONS]
+    freed = []
+    for m in managers:
+        out: list[str] = []
+        for k, item in enumerate(sequence):
+            _acquire(m, f"r{k}", item, sizes[item])
+            out += m.get_freed_mm_hashes()
+        freed.append(out)
+    assert freed[0] == freed[1]
+    assert managers[0].snapshot() == managers[1].snapshot()

@@ -212,7 +212,7 @@ def test_hook_without_a_config_builds_the_plain_manager(monkeypatch):
         ({"cache_gib": -1}, "cache_gib must be a positive number"),
         ({"cache_gib": float("nan")}, "cache_gib must be a positive number"),
         ({"cache_gib": "1"}, "cache_gib must be a positive number"),
-        ({"policy": "lru"}, "policy must be one of vllm, gdsf, s3fifo, lfu-ghost, arc or auto, got 'lru'"),
+        ({"policy": "lru"}, "policy must be one of vllm, gdsf, s3fifo, lfu-ghost, arc, duel or auto, got 'lru'"),
         ({"lookahead": "yes"}, "lookahead must be true or false"),
         ({"log_stats_interval": -1}, "log_stats_interval must be a number of seconds >= 0"),
         ({"log_stats_interval": float("inf")}, "log_stats_interval must be a number of seconds >= 0"),

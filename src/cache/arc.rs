@@ -100,7 +100,7 @@ impl EvictionPolicy for Arc {
     type Meta = ArcMeta;
 
     #[inline]
-    fn on_hit(&mut self, meta: &mut ArcMeta, num_embeds: u64) {
+    fn on_hit(&mut self, meta: &mut ArcMeta, _hash: u64, num_embeds: u64) {
         if !meta.frequent() {
             self.recent_embeds -= num_embeds;
         }

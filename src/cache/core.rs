@@ -326,8 +326,8 @@ impl<P: EvictionPolicy> PolicyCache<P> {
             return Ok(false);
         };
         let entry = self.entries.get_mut(e);
-        let (num_embeds, modality) = (entry.num_embeds, entry.modality);
-        self.policy.on_hit(&mut entry.meta, num_embeds);
+        let (num_embeds, modality, hash) = (entry.num_embeds, entry.modality, entry.hash);
+        self.policy.on_hit(&mut entry.meta, hash, num_embeds);
         if !entry.is_referenced() {
             self.policy.take_back(&mut self.entries, e);
             self.num_freeable_slots -= num_embeds;

@@ -9,6 +9,7 @@ use hashbrown::HashMap;
 
 use super::arc::Arc;
 use super::core::PolicyCache;
+use super::duel::Duel;
 use super::errors::CacheError;
 use super::events::StepEvents;
 use super::keys::{Handle, Key, KeyArg};
@@ -25,6 +26,7 @@ pub enum EncoderCache {
     S3Fifo(PolicyCache<S3Fifo>),
     GhostLfu(PolicyCache<GhostLfu>),
     Arc(PolicyCache<Arc>),
+    Duel(PolicyCache<Duel>),
 }
 
 /// `$body` with `$c` bound to the typed [`PolicyCache`] inside an
@@ -39,6 +41,7 @@ macro_rules! with_policy_cache {
             $crate::cache::EncoderCache::S3Fifo($c) => $body,
             $crate::cache::EncoderCache::GhostLfu($c) => $body,
             $crate::cache::EncoderCache::Arc($c) => $body,
+            $crate::cache::EncoderCache::Duel($c) => $body,
         }
     };
 }
@@ -64,6 +67,7 @@ impl EncoderCache {
             Policy::S3Fifo => Self::S3Fifo(PolicyCache::new(cache_size)),
             Policy::GhostLfu => Self::GhostLfu(PolicyCache::new(cache_size)),
             Policy::Arc => Self::Arc(PolicyCache::new(cache_size)),
+            Policy::Duel => Self::Duel(PolicyCache::new(cache_size)),
         }
     }
 
@@ -81,6 +85,7 @@ impl EncoderCache {
             Policy::S3Fifo => Self::S3Fifo(PolicyCache::restore_with(state, policy)?),
             Policy::GhostLfu => Self::GhostLfu(PolicyCache::restore_with(state, policy)?),
             Policy::Arc => Self::Arc(PolicyCache::restore_with(state, policy)?),
+            Policy::Duel => Self::Duel(PolicyCache::restore_with(state, policy)?),
         })
     }
 

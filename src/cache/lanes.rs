@@ -107,7 +107,7 @@ struct Place {
 
 /// `priority` as an integer in `f64::total_cmp`'s order.
 #[inline]
-fn rank_of(priority: f64) -> i64 {
+pub(super) fn rank_of(priority: f64) -> i64 {
     // Reinterpreting the bits is the point: total_cmp's own transform.
     #[allow(clippy::cast_possible_wrap)]
     let bits = priority.to_bits() as i64;

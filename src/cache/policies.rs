@@ -18,6 +18,9 @@
 //!   evicted ([`FrequencyMemory`]).
 //! - [`Arc`](super::arc::Arc) (in `arc`): a recent and a frequent FIFO lane
 //!   per tier, and an adaptive target choosing between them.
+//! - [`Duel`](super::duel::Duel) (in `duel`): [`GhostLfu`]'s lanes and a
+//!   release-order list, evicting from one or the other as shadow caches
+//!   (`shadows`) say which would have encoded less lately.
 //!
 //! `encoder_cache.policies` in the Python twin makes the same decisions with
 //! the same arithmetic; docs/policies.md describes each policy.
@@ -54,6 +57,10 @@ pub enum Policy {
     /// release-order lanes, the victim taken from one or the other by an
     /// adaptive target that ghost lists of evicted items move. O(1).
     Arc,
+    /// `lfu-ghost`'s order or vLLM's, whichever would have encoded fewer
+    /// embeddings lately, as two shadow caches fed the same acquisitions
+    /// measure it. O(log n).
+    Duel,
 }
 
 /// GDSF's encoder-cost model: encoding `n` embeddings costs `n + n² / C`
@@ -67,10 +74,10 @@ pub const S3FIFO_MAX_CREDIT: u32 = 3;
 
 impl Policy {
     /// Every policy's name, the default first.
-    pub const NAMES: &'static [&'static str] = &["vllm", "gdsf", "s3fifo", "lfu-ghost", "arc"];
-    pub const ALL: [Policy; 5] = [Policy::Vllm, Policy::Gdsf, Policy::S3Fifo, Policy::GhostLfu, Policy::Arc];
+    pub const NAMES: &'static [&'static str] = &["vllm", "gdsf", "s3fifo", "lfu-ghost", "arc", "duel"];
+    pub const ALL: [Policy; 6] = [Policy::Vllm, Policy::Gdsf, Policy::S3Fifo, Policy::GhostLfu, Policy::Arc, Policy::Duel];
     /// What the name [`AUTO`](Self::AUTO) selects: the recommended policy.
-    pub const RECOMMENDED: Policy = Policy::Arc;
+    pub const RECOMMENDED: Policy = Policy::Duel;
     /// The name of the recommended policy, whichever it is.
     pub const AUTO: &'static str = "auto";
 
@@ -89,6 +96,7 @@ impl Policy {
             Self::S3Fifo => "s3fifo",
             Self::GhostLfu => "lfu-ghost",
             Self::Arc => "arc",
+            Self::Duel => "duel",
         }
     }
 
@@ -116,10 +124,10 @@ pub trait EvictionPolicy: Debug + Clone + Default + Send + Sync + 'static {
     /// What the policy keeps per entry.
     type Meta: Debug + Clone + Copy + Default + Send + Sync;
 
-    /// A counted hit on an entry of `num_embeds`.
+    /// A counted hit on the item `hash` of `num_embeds`.
     #[inline]
-    fn on_hit(&mut self, meta: &mut Self::Meta, num_embeds: u64) {
-        let _ = (meta, num_embeds);
+    fn on_hit(&mut self, meta: &mut Self::Meta, hash: u64, num_embeds: u64) {
+        let _ = (meta, hash, num_embeds);
     }
 
     /// Places entry `index`, just unreferenced, in `tier` (with `restored`,
@@ -268,7 +276,7 @@ impl EvictionPolicy for Gdsf {
     const POLICY: Policy = Policy::Gdsf;
     type Meta = GdsfMeta;
 
-    fn on_hit(&mut self, meta: &mut GdsfMeta, _num_embeds: u64) {
+    fn on_hit(&mut self, meta: &mut GdsfMeta, _hash: u64, _num_embeds: u64) {
         meta.frequency = meta.frequency.saturating_add(1);
     }
 
@@ -351,7 +359,7 @@ impl EvictionPolicy for S3Fifo {
     const POLICY: Policy = Policy::S3Fifo;
     type Meta = S3FifoMeta;
 
-    fn on_hit(&mut self, meta: &mut S3FifoMeta, _num_embeds: u64) {
+    fn on_hit(&mut self, meta: &mut S3FifoMeta, _hash: u64, _num_embeds: u64) {
         meta.frequency = meta.frequency.saturating_add(1);
     }
 
@@ -427,8 +435,8 @@ impl EvictionPolicy for GhostLfu {
     const POLICY: Policy = Policy::GhostLfu;
     type Meta = GdsfMeta;
 
-    fn on_hit(&mut self, meta: &mut GdsfMeta, num_embeds: u64) {
-        self.gdsf.on_hit(meta, num_embeds);
+    fn on_hit(&mut self, meta: &mut GdsfMeta, hash: u64, num_embeds: u64) {
+        self.gdsf.on_hit(meta, hash, num_embeds);
     }
 
     #[allow(private_interfaces)]

@@ -31,7 +31,7 @@ fn evict_for(cache: &mut EncoderCache, n: u64) -> Vec<String> {
 
 #[test]
 fn names_round_trip_and_vllm_is_the_default() {
-    assert_eq!(Policy::NAMES, ["vllm", "gdsf", "s3fifo", "lfu-ghost", "arc"]);
+    assert_eq!(Policy::NAMES, ["vllm", "gdsf", "s3fifo", "lfu-ghost", "arc", "duel"]);
     assert_eq!(Policy::from_name(Policy::AUTO), Some(Policy::RECOMMENDED));
     for (policy, name) in Policy::ALL.into_iter().zip(Policy::NAMES) {
         assert_eq!((policy.name(), Policy::from_name(name)), (*name, Some(policy)));

@@ -254,6 +254,11 @@ impl CacheState {
                     }
                     previous = Some((tier, rank));
                 }
+                Policy::Duel => {
+                    if rank < 0.0 || rank.is_nan() {
+                        return broken(POLICY_ORDERED, format!("item '{item}' has priority {rank:?} under duel"));
+                    }
+                }
                 Policy::Arc => {
                     let frequent = frequency > 1;
                     if rank != 0.0 {

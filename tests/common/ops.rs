@@ -67,7 +67,7 @@ pub enum Op {
 }
 
 /// Every policy, for the generators to pick from.
-pub const POLICIES: [Policy; 5] = Policy::ALL;
+pub const POLICIES: [Policy; 6] = Policy::ALL;
 
 fn item_name(item: u8) -> String {
     format!("item{item}")

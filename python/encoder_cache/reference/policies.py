@@ -21,6 +21,8 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
+from encoder_cache.reference.shadows import Shadows
+
 __all__ = [
     "ARC_GHOST_ITEMS",
     "FREQUENCY_MEMORY",
@@ -29,6 +31,7 @@ __all__ = [
     "RECOMMENDED",
     "S3FIFO_MAX_CREDIT",
     "ArcPolicy",
+    "DuelPolicy",
     "EvictionPolicy",
     "GdsfPolicy",
     "GhostLfuPolicy",
@@ -38,10 +41,10 @@ __all__ = [
 ]
 
 #: The built-in policies, by name; "vllm" is the default.
-POLICIES = ("vllm", "gdsf", "s3fifo", "lfu-ghost", "arc")
+POLICIES = ("vllm", "gdsf", "s3fifo", "lfu-ghost", "arc", "duel")
 
 #: The policy the name "auto" selects: the recommended one.
-RECOMMENDED = "arc"
+RECOMMENDED = "duel"
 
 #: How many evicted items ``lfu-ghost`` remembers the counts of.
 FREQUENCY_MEMORY = 8192
@@ -469,12 +472,55 @@ class ArcPolicy(EvictionPolicy):
         return [*self._lanes[tier][0], *self._lanes[tier][1]]
 
 
+class DuelPolicy(GhostLfuPolicy):
+    """``lfu-ghost``'s order or vLLM's, whichever would have encoded fewer
+    embeddings lately, as two shadow caches of the same size, fed every
+    acquisition, measure it (:mod:`encoder_cache.reference.shadows`).
+
+    :class:`GhostLfuPolicy`'s heap, priorities and frequency memory, and the
+    base class's release order: the victim is the LFU heap's lowest while
+    the LFU shadow encoded strictly less lately, else the oldest release
+    (ties go to vLLM's order). A snapshot lists the evictable entries in
+    release order with their priorities. O(log n) per call.
+    """
+
+    name = "duel"
+
+    def __init__(self, cost_scale: float = GDSF_COST_SCALE) -> None:
+        super().__init__(cost_scale)
+        self.shadows = Shadows()
+
+    def reset(self) -> None:
+        super().reset()
+        self.shadows = Shadows(self.shadows.capacity)
+
+    def sized(self, cache_size: int) -> None:
+        self.shadows.capacity = cache_size
+
+    def admitted(self, identifier: str, num_embeds: int) -> None:
+        self.shadows.acquire(identifier, num_embeds)
+        super().admitted(identifier, num_embeds)
+
+    def accessed(self, identifier: str) -> None:
+        self.shadows.acquire(identifier, self.sizes[identifier])
+        super().accessed(identifier)
+
+    def victim(self, tier: int) -> str:
+        if self.shadows.lfu_leads():
+            return super().victim(tier)
+        return next(iter(self.tiers[tier]))
+
+    def order(self, tier: int) -> list[str]:
+        return list(self.tiers[tier])
+
+
 _BUILT_IN: dict[str, type[EvictionPolicy]] = {
     "vllm": VllmPolicy,
     "gdsf": GdsfPolicy,
     "s3fifo": S3FifoPolicy,
     "lfu-ghost": GhostLfuPolicy,
     "arc": ArcPolicy,
+    "duel": DuelPolicy,
 }
 
 

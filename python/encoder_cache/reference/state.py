@@ -141,6 +141,8 @@ def _check_policy_order(state: dict[str, Any], tiers: list[int]) -> None:
             if previous is not None and previous[0] == tier and previous[1] and not main:
                 _broken(POLICY_ORDERED, f"item '{item}' of the small queue follows the main queue")
             previous = (tier, main)
+        if policy == "duel" and not rank >= 0.0:
+            _broken(POLICY_ORDERED, f"item '{item}' has priority {rank} under duel")
         if policy == "arc":
             frequent = frequency > 1
             if rank != 0.0:

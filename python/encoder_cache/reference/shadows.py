@@ -1,0 +1,106 @@
+"""Two shadow caches for the ``duel`` policy: item identifiers and sizes
+only, fed every acquisition the real cache sees, one evicting by vLLM's rule
+(least recently used), one by ``lfu-ghost``'s (least frequently used,
+weighted by cost per size, counts surviving eviction). Each counts the
+embeddings it would have encoded; both counts are halved every
+:data:`SHADOW_HALF_LIFE` acquisitions. The same caches as the Rust core's
+(``src/cache/shadows.rs``), deciding the same.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+
+__all__ = ["SHADOW_HALF_LIFE", "Shadows"]
+
+#: Acquisitions after which both shadows' counts of encoded embeddings are halved.
+SHADOW_HALF_LIFE = 4096
+
+#: How many evicted items the LFU shadow remembers the counts of (as ``lfu-ghost``).
+_MEMORY = 8192
+
+#: ``lfu-ghost``'s cost-per-size scale.
+_COST_SCALE = 8192.0
+
+
+class _ShadowLru:
+    def __init__(self) -> None:
+        self.items: OrderedDict[str, int] = OrderedDict()
+        self.used = 0
+
+    def acquire(self, identifier: str, num_embeds: int, capacity: int) -> int:
+        if identifier in self.items:
+            self.items.move_to_end(identifier)
+            return 0
+        self.items[identifier] = num_embeds
+        self.used += num_embeds
+        while self.used > capacity and len(self.items) > 1:
+            self.used -= self.items.popitem(last=False)[1]
+        return num_embeds
+
+
+class _ShadowLfu:
+    def __init__(self) -> None:
+        #: identifier -> [count, num_embeds, sequence of its live heap place]
+        self.items: dict[str, list[int]] = {}
+        self.heap: list[tuple[float, int, str]] = []
+        self.memory: OrderedDict[str, int] = OrderedDict()
+        self.used = 0
+        self.sequence = 0
+
+    def _place(self, identifier: str, item: list[int]) -> None:
+        self.sequence += 1
+        item[2] = self.sequence
+        priority = item[0] * (1.0 + item[1] / _COST_SCALE)
+        heapq.heappush(self.heap, (priority, self.sequence, identifier))
+
+    def acquire(self, identifier: str, num_embeds: int, capacity: int) -> int:
+        item = self.items.get(identifier)
+        if item is not None:
+            item[0] += 1
+            self._place(identifier, item)
+            if len(self.heap) > 2 * len(self.items) + 64:
+                self.heap = [p for p in self.heap if self.items.get(p[2], (0, 0, -1))[2] == p[1]]
+                heapq.heapify(self.heap)
+            return 0
+        count = self.memory.pop(identifier, 0) + 1
+        self.used += num_embeds
+        while self.used > capacity and self.items:
+            _, sequence, victim = heapq.heappop(self.heap)
+            held = self.items.get(victim)
+            if held is not None and held[2] == sequence:
+                del self.items[victim]
+                self.used -= held[1]
+                self.memory[victim] = held[0]
+                if len(self.memory) > _MEMORY:
+                    self.memory.popitem(last=False)
+        item = [count, num_embeds, 0]
+        self._place(identifier, item)
+        self.items[identifier] = item
+        return num_embeds
+
+
+class Shadows:
+    """The two shadow caches and what each would have encoded lately."""
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = capacity
+        self._lru = _ShadowLru()
+        self._lfu = _ShadowLfu()
+        #: Embeddings each would have encoded lately: [LRU, LFU].
+        self.encoded = [0, 0]
+        self._acquisitions = 0
+
+    def acquire(self, identifier: str, num_embeds: int) -> None:
+        """``identifier`` of ``num_embeds`` was acquired (a hit or an allocation)."""
+        self.encoded[0] += self._lru.acquire(identifier, num_embeds, self.capacity)
+        self.encoded[1] += self._lfu.acquire(identifier, num_embeds, self.capacity)
+        self._acquisitions += 1
+        if self._acquisitions == SHADOW_HALF_LIFE:
+            self._acquisitions = 0
+            self.encoded = [encoded // 2 for encoded in self.encoded]
+
+    def lfu_leads(self) -> bool:
+        """Whether the LFU shadow encoded strictly less lately."""
+        return self.encoded[1] < self.encoded[0]

@@ -1,0 +1,174 @@
+//! [`Duel`]: evicts in `lfu-ghost`'s order or in vLLM's, whichever of the
+//! two would have encoded fewer embeddings lately on the traffic this cache
+//! sees, as two shadow caches of the same size measure it (`shadows`).
+//!
+//! The evictable entries are kept in both orders at once: `lfu-ghost`'s
+//! ordered lanes (with its frequency memory) and a release-order list per
+//! lookahead tier, linked by entry index here. The victim is the head of one
+//! or the other, and leaves both. A snapshot lists the evictable entries in
+//! release order with their `lfu-ghost` priorities, so a restore rebuilds
+//! both orders; the shadows and the frequency memory are not in it.
+
+use super::entries::NIL;
+use super::policies::{Entries, EvictionPolicy, GdsfMeta, GhostLfu, Policy};
+use super::shadows::Shadows;
+
+/// A release-order list per tier over entry indices, its links kept here.
+#[derive(Debug, Clone)]
+struct ReleaseOrder {
+    head: [u32; 2],
+    tail: [u32; 2],
+    /// By entry index: (previous, next, tier) while listed.
+    links: Vec<(u32, u32, u8)>,
+}
+
+impl Default for ReleaseOrder {
+    fn default() -> Self {
+        Self { head: [NIL; 2], tail: [NIL; 2], links: Vec::new() }
+    }
+}
+
+impl ReleaseOrder {
+    fn push_back(&mut self, tier: usize, index: u32) {
+        let at = index as usize;
+        if self.links.len() <= at {
+            self.links.resize(at + 1, (NIL, NIL, 0));
+        }
+        let tail = self.tail[tier];
+        // Tiers are 0 and 1.
+        #[allow(clippy::cast_possible_truncation)]
+        let lane = tier as u8;
+        self.links[at] = (tail, NIL, lane);
+        if tail == NIL {
+            self.head[tier] = index;
+        } else {
+            self.links[tail as usize].1 = index;
+        }
+        self.tail[tier] = index;
+    }
+
+    fn unlink(&mut self, index: u32) {
+        let (previous, next, tier) = self.links[index as usize];
+        let tier = usize::from(tier);
+        if previous == NIL {
+            self.head[tier] = next;
+        } else {
+            self.links[previous as usize].1 = next;
+        }
+        if next == NIL {
+            self.tail[tier] = previous;
+        } else {
+            self.links[next as usize].0 = previous;
+        }
+    }
+
+    /// The oldest release of the first non-empty tier.
+    fn first(&self) -> Option<u32> {
+        self.head.into_iter().find(|&head| head != NIL)
+    }
+
+    fn walk(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for &head in &self.head {
+            let mut at = head;
+            while at != NIL {
+                out.push(at);
+                at = self.links[at as usize].1;
+            }
+        }
+        out
+    }
+}
+
+/// `lfu-ghost`'s order and vLLM's, and the shadows that choose between them.
+#[derive(Debug, Clone, Default)]
+pub struct Duel {
+    lfu: GhostLfu,
+    released: ReleaseOrder,
+    /// Boxed: the two shadow caches would otherwise make this the largest
+    /// [`EncoderCache`](super::EncoderCache) variant by far.
+    shadows: Box<Shadows>,
+}
+
+impl Duel {
+    /// Whether evictions follow `lfu-ghost`'s order now (else vLLM's).
+    pub fn follows_lfu(&self) -> bool {
+        self.shadows.lfu_leads()
+    }
+
+    /// The embeddings the (vLLM, `lfu-ghost`) shadow would have encoded lately.
+    pub fn shadow_encoded(&self) -> [u64; 2] {
+        self.shadows.encoded()
+    }
+}
+
+impl EvictionPolicy for Duel {
+    const POLICY: Policy = Policy::Duel;
+    type Meta = GdsfMeta;
+
+    #[inline]
+    fn on_hit(&mut self, meta: &mut GdsfMeta, hash: u64, num_embeds: u64) {
+        self.shadows.acquire(hash, num_embeds);
+        self.lfu.on_hit(meta, hash, num_embeds);
+    }
+
+    #[allow(private_interfaces)]
+    fn release(&mut self, entries: &mut Entries<Self>, index: u32, tier: usize, restored: Option<f64>) {
+        self.lfu.release(entries, index, tier, restored);
+        self.released.push_back(tier, index);
+    }
+
+    #[allow(private_interfaces)]
+    fn take_back(&mut self, entries: &mut Entries<Self>, index: u32) {
+        self.lfu.take_back(entries, index);
+        self.released.unlink(index);
+    }
+
+    #[allow(private_interfaces)]
+    fn evict(&mut self, entries: &mut Entries<Self>) -> Option<u32> {
+        let index = if self.shadows.lfu_leads() {
+            self.lfu.evict(entries)?
+        } else {
+            let index = self.released.first()?;
+            self.lfu.take_back(entries, index);
+            index
+        };
+        self.released.unlink(index);
+        Some(index)
+    }
+
+    #[allow(private_interfaces)]
+    fn order(&self, _entries: &Entries<Self>) -> Vec<u32> {
+        self.released.walk()
+    }
+
+    fn tier_of_lane(lane: u8) -> usize {
+        usize::from(lane)
+    }
+
+    fn sized(&mut self, cache_size: u64) {
+        self.shadows.resize(cache_size);
+    }
+
+    fn frequency(meta: &GdsfMeta) -> u32 {
+        GhostLfu::frequency(meta)
+    }
+
+    fn rank(meta: &GdsfMeta) -> f64 {
+        GhostLfu::rank(meta)
+    }
+
+    fn meta_with(&mut self, frequency: u32, num_embeds: u64) -> GdsfMeta {
+        self.lfu.meta_with(frequency, num_embeds)
+    }
+
+    #[inline]
+    fn admit(&mut self, hash: u64, num_embeds: u64) -> GdsfMeta {
+        self.shadows.acquire(hash, num_embeds);
+        self.lfu.admit(hash, num_embeds)
+    }
+
+    fn evicted(&mut self, hash: u64, meta: &GdsfMeta, num_embeds: u64) {
+        self.lfu.evicted(hash, meta, num_embeds);
+    }
+}
