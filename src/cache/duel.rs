@@ -90,18 +90,6 @@ pub struct Duel {
     shadows: Box<Shadows>,
 }
 
-impl Duel {
-    /// Whether evictions follow `lfu-ghost`'s order now (else vLLM's).
-    pub fn follows_lfu(&self) -> bool {
-        self.shadows.lfu_leads()
-    }
-
-    /// The embeddings the (vLLM, `lfu-ghost`) shadow would have encoded lately.
-    pub fn shadow_encoded(&self) -> [u64; 2] {
-        self.shadows.encoded()
-    }
-}
-
 impl EvictionPolicy for Duel {
     const POLICY: Policy = Policy::Duel;
     type Meta = GdsfMeta;

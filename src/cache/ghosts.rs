@@ -73,7 +73,7 @@ pub(crate) enum Inserted<V> {
 }
 
 impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
-    #[cfg(test)]
+    /// How many items are remembered.
     pub(crate) fn len(&self) -> usize {
         self.by_hash.len()
     }

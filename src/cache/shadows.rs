@@ -29,7 +29,6 @@ pub const SHADOW_HALF_LIFE: u32 = 4096;
 struct ShadowLru {
     /// Sizes by hash, least recently acquired first.
     items: GhostMap<u64, { usize::MAX }>,
-    len: usize,
     used: u64,
 }
 
@@ -39,12 +38,10 @@ impl ShadowLru {
         if let Inserted::Replaced(_) = self.items.insert(hash, num_embeds) {
             return 0;
         }
-        self.len += 1;
         self.used += num_embeds;
-        while self.used > capacity && self.len > 1 {
+        while self.used > capacity && self.items.len() > 1 {
             let Some((_, size)) = self.items.pop_oldest() else { break };
             self.used -= size;
-            self.len -= 1;
         }
         num_embeds
     }
@@ -72,21 +69,19 @@ struct ShadowLfu {
     sequence: u64,
 }
 
-impl ShadowLfu {
-    fn place(&mut self, hash: u64, item: &mut Counted) {
-        self.sequence += 1;
-        item.place = self.sequence;
-        let priority = f64::from(item.count) * Policy::gdsf_value(item.num_embeds);
-        self.heap.push(Reverse((rank_of(priority), self.sequence, hash)));
-    }
+/// Gives `item` a new heap place, the newest, at its current priority.
+fn place(heap: &mut BinaryHeap<Reverse<(i64, u64, u64)>>, sequence: &mut u64, hash: u64, item: &mut Counted) {
+    *sequence += 1;
+    item.place = *sequence;
+    let priority = f64::from(item.count) * Policy::gdsf_value(item.num_embeds);
+    heap.push(Reverse((rank_of(priority), *sequence, hash)));
+}
 
+impl ShadowLfu {
     fn acquire(&mut self, hash: u64, num_embeds: u64, capacity: u64) -> u64 {
         if let Some(item) = self.items.get_mut(&hash) {
             item.count = item.count.saturating_add(1);
-            self.sequence += 1;
-            item.place = self.sequence;
-            let priority = f64::from(item.count) * Policy::gdsf_value(item.num_embeds);
-            self.heap.push(Reverse((rank_of(priority), self.sequence, hash)));
+            place(&mut self.heap, &mut self.sequence, hash, item);
             self.compact_if_stale();
             return 0;
         }
@@ -103,7 +98,7 @@ impl ShadowLfu {
             }
         }
         let mut item = Counted { count, num_embeds, place: 0 };
-        self.place(hash, &mut item);
+        place(&mut self.heap, &mut self.sequence, hash, &mut item);
         self.items.insert(hash, item);
         num_embeds
     }
@@ -153,7 +148,8 @@ impl Shadows {
     }
 
     /// (LRU, LFU): what each would have encoded lately.
-    pub(crate) fn encoded(&self) -> [u64; 2] {
+    #[cfg(test)]
+    fn encoded(&self) -> [u64; 2] {
         self.encoded
     }
 }

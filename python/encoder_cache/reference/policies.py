@@ -488,11 +488,11 @@ class DuelPolicy(GhostLfuPolicy):
 
     def __init__(self, cost_scale: float = GDSF_COST_SCALE) -> None:
         super().__init__(cost_scale)
-        self.shadows = Shadows()
+        self.shadows = Shadows(0, cost_scale, FREQUENCY_MEMORY)
 
     def reset(self) -> None:
         super().reset()
-        self.shadows = Shadows(self.shadows.capacity)
+        self.shadows = Shadows(self.shadows.capacity, self.cost_scale, FREQUENCY_MEMORY)
 
     def sized(self, cache_size: int) -> None:
         self.shadows.capacity = cache_size

@@ -17,12 +17,6 @@ __all__ = ["SHADOW_HALF_LIFE", "Shadows"]
 #: Acquisitions after which both shadows' counts of encoded embeddings are halved.
 SHADOW_HALF_LIFE = 4096
 
-#: How many evicted items the LFU shadow remembers the counts of (as ``lfu-ghost``).
-_MEMORY = 8192
-
-#: ``lfu-ghost``'s cost-per-size scale.
-_COST_SCALE = 8192.0
-
 
 class _ShadowLru:
     def __init__(self) -> None:
@@ -41,7 +35,9 @@ class _ShadowLru:
 
 
 class _ShadowLfu:
-    def __init__(self) -> None:
+    def __init__(self, cost_scale: float, memory_bound: int) -> None:
+        self.cost_scale = cost_scale
+        self.memory_bound = memory_bound
         #: identifier -> [count, num_embeds, sequence of its live heap place]
         self.items: dict[str, list[int]] = {}
         self.heap: list[tuple[float, int, str]] = []
@@ -52,7 +48,7 @@ class _ShadowLfu:
     def _place(self, identifier: str, item: list[int]) -> None:
         self.sequence += 1
         item[2] = self.sequence
-        priority = item[0] * (1.0 + item[1] / _COST_SCALE)
+        priority = item[0] * (1.0 + item[1] / self.cost_scale)
         heapq.heappush(self.heap, (priority, self.sequence, identifier))
 
     def acquire(self, identifier: str, num_embeds: int, capacity: int) -> int:
@@ -73,7 +69,7 @@ class _ShadowLfu:
                 del self.items[victim]
                 self.used -= held[1]
                 self.memory[victim] = held[0]
-                if len(self.memory) > _MEMORY:
+                if len(self.memory) > self.memory_bound:
                     self.memory.popitem(last=False)
         item = [count, num_embeds, 0]
         self._place(identifier, item)
@@ -82,12 +78,14 @@ class _ShadowLfu:
 
 
 class Shadows:
-    """The two shadow caches and what each would have encoded lately."""
+    """The two shadow caches and what each would have encoded lately. The
+    LFU one ranks as ``lfu-ghost`` does: ``count * (1 + n / cost_scale)``,
+    and remembers the counts of up to ``memory_bound`` evicted items."""
 
-    def __init__(self, capacity: int = 0) -> None:
+    def __init__(self, capacity: int, cost_scale: float, memory_bound: int) -> None:
         self.capacity = capacity
         self._lru = _ShadowLru()
-        self._lfu = _ShadowLfu()
+        self._lfu = _ShadowLfu(cost_scale, memory_bound)
         #: Embeddings each would have encoded lately: [LRU, LFU].
         self.encoded = [0, 0]
         self._acquisitions = 0
