@@ -74,6 +74,7 @@ pub(crate) enum Inserted<V> {
 
 impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
     /// How many items are remembered.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.by_hash.len()
     }

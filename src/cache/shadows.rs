@@ -10,114 +10,111 @@
 //! never pinned there. The counts are halved every [`SHADOW_HALF_LIFE`]
 //! acquisitions, so the recent traffic decides.
 //!
-//! The Python twin (`encoder_cache.reference.shadows`) keeps the same two
-//! caches by identifier and decides the same.
+//! Both shadows keep their items in one map, so an acquisition looks its
+//! item up once; each keeps its own order (a queue of placings for the LRU
+//! one, a rising run and a heap for the LFU one), whose stale places are
+//! skipped. The Python twin (`encoder_cache.reference.shadows`) keeps the
+//! same two caches apart, by identifier, and decides the same.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
-use super::frequency_memory::FrequencyMemory;
-use super::ghosts::{GhostMap, HashKeyed, Inserted};
+use hashbrown::hash_map::EntryRef;
+
+use super::frequency_memory::FREQUENCY_MEMORY;
+use super::ghosts::HashKeyed;
 use super::lanes::rank_of;
 use super::policies::Policy;
 
 /// Acquisitions after which both shadows' counts of encoded embeddings are halved.
 pub const SHADOW_HALF_LIFE: u32 = 4096;
 
-/// Least recently used, over hashes and sizes.
-#[derive(Debug, Clone, Default)]
-struct ShadowLru {
-    /// Sizes by hash, least recently acquired first.
-    items: GhostMap<u64, { usize::MAX }>,
-    used: u64,
-}
-
-impl ShadowLru {
-    /// Acquires `hash` of `num_embeds`; the embeddings a miss encodes (0 on a hit).
-    fn acquire(&mut self, hash: u64, num_embeds: u64, capacity: u64) -> u64 {
-        if let Inserted::Replaced(_) = self.items.insert(hash, num_embeds) {
-            return 0;
-        }
-        self.used += num_embeds;
-        while self.used > capacity && self.items.len() > 1 {
-            let Some((_, size)) = self.items.pop_oldest() else { break };
-            self.used -= size;
-        }
-        num_embeds
-    }
-}
-
-/// What the LFU shadow keeps per item.
-#[derive(Debug, Clone, Copy)]
-struct Counted {
+/// What the shadows know of one item. It stays in the map while either
+/// holds it or the LFU one remembers its count.
+#[derive(Debug, Clone, Copy, Default)]
+struct Shadowed {
+    /// In the LRU shadow: when it was last placed there (0: not there).
+    lru_placed: u64,
+    /// Its size as the LRU shadow last saw it.
+    lru_embeds: u64,
+    /// The LFU shadow's count of it: 0 if it neither holds nor remembers it.
     count: u32,
+    /// Held by the LFU shadow.
+    held: bool,
+    /// Its size as the LFU shadow admitted it.
     num_embeds: u64,
-    /// The sequence number of its live heap place.
+    /// Held: the sequence number of its live place; remembered: when it was evicted.
     place: u64,
 }
 
-/// Least frequently used (`count * cost / size`, ties: the older place
-/// first), counts remembered across eviction as `lfu-ghost` does.
+impl Shadowed {
+    fn remembered_since(&self, evicted: u64) -> bool {
+        !self.held && self.count > 0 && self.place == evicted
+    }
+}
+
+/// A place in the LFU shadow's order: (rank, sequence, hash), lowest first.
+type Place = (i64, u64, u64);
+
+/// The LFU shadow's places, lowest first: a run of places pushed in rising
+/// order (as items of one size and count come), and a heap of the rest.
+/// Places go stale when their item moves or leaves; they are skipped.
 #[derive(Debug, Clone, Default)]
-struct ShadowLfu {
-    items: HashKeyed<Counted>,
-    /// (rank, sequence, hash), lowest first; a place is live while its
-    /// sequence is the item's `place`.
-    heap: BinaryHeap<Reverse<(i64, u64, u64)>>,
-    memory: FrequencyMemory,
-    used: u64,
-    sequence: u64,
+struct Places {
+    run: VecDeque<Place>,
+    heap: BinaryHeap<Reverse<Place>>,
 }
 
-/// Gives `item` a new heap place, the newest, at its current priority.
-fn place(heap: &mut BinaryHeap<Reverse<(i64, u64, u64)>>, sequence: &mut u64, hash: u64, item: &mut Counted) {
-    *sequence += 1;
-    item.place = *sequence;
-    let priority = f64::from(item.count) * Policy::gdsf_value(item.num_embeds);
-    heap.push(Reverse((rank_of(priority), *sequence, hash)));
+impl Places {
+    fn push(&mut self, place: Place) {
+        if self.run.back().is_none_or(|&last| place >= last) {
+            self.run.push_back(place);
+        } else {
+            self.heap.push(Reverse(place));
+        }
+    }
+
+    fn pop(&mut self) -> Option<Place> {
+        match (self.run.front(), self.heap.peek()) {
+            (Some(first), Some(Reverse(lowest))) if lowest < first => self.heap.pop().map(|Reverse(place)| place),
+            (Some(_), _) => self.run.pop_front(),
+            (None, _) => self.heap.pop().map(|Reverse(place)| place),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.run.len() + self.heap.len()
+    }
+
+    fn retain(&mut self, mut live: impl FnMut(&Place) -> bool) {
+        self.run.retain(&mut live);
+        self.heap.retain(|Reverse(place)| live(place));
+    }
 }
 
-impl ShadowLfu {
-    fn acquire(&mut self, hash: u64, num_embeds: u64, capacity: u64) -> u64 {
-        if let Some(item) = self.items.get_mut(&hash) {
-            item.count = item.count.saturating_add(1);
-            place(&mut self.heap, &mut self.sequence, hash, item);
-            self.compact_if_stale();
-            return 0;
-        }
-        let count = self.memory.take(hash).saturating_add(1);
-        self.used += num_embeds;
-        while self.used > capacity && !self.items.is_empty() {
-            let Some(Reverse((_, sequence, victim))) = self.heap.pop() else { break };
-            if let hashbrown::hash_map::EntryRef::Occupied(held) = self.items.entry_ref(&victim) {
-                if held.get().place == sequence {
-                    let item = held.remove();
-                    self.used -= item.num_embeds;
-                    self.memory.insert(victim, item.count);
-                }
-            }
-        }
-        let mut item = Counted { count, num_embeds, place: 0 };
-        place(&mut self.heap, &mut self.sequence, hash, &mut item);
-        self.items.insert(hash, item);
-        num_embeds
-    }
-
-    /// Rebuilds the heap from the live places once stale ones outnumber them.
-    fn compact_if_stale(&mut self) {
-        if self.heap.len() > 2 * self.items.len() + 64 {
-            let items = &self.items;
-            self.heap.retain(|Reverse((_, sequence, hash))| items.get(hash).is_some_and(|item| item.place == *sequence));
-        }
-    }
+fn rank(count: u32, num_embeds: u64) -> i64 {
+    rank_of(f64::from(count) * Policy::gdsf_value(num_embeds))
 }
 
 /// The two shadow caches and what each would have encoded lately.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Shadows {
-    lru: ShadowLru,
-    lfu: ShadowLfu,
+    items: HashKeyed<Shadowed>,
     capacity: u64,
+    /// Numbers every placing, in either shadow, and every LFU eviction.
+    sequence: u64,
+    /// The LRU shadow's (placed, hash), oldest first; live while the item's `lru_placed`.
+    lru_order: VecDeque<(u64, u64)>,
+    lru_len: usize,
+    lru_used: u64,
+    /// The LFU shadow's order; a place is live while its item is held there.
+    places: Places,
+    /// (when evicted, hash) of the LFU shadow's evictions, oldest first; the
+    /// last [`FREQUENCY_MEMORY`] remembered keep their counts.
+    evictions: VecDeque<(u64, u64)>,
+    held: usize,
+    remembered: usize,
+    lfu_used: u64,
     /// Embeddings each would have encoded (LRU, LFU), halved every [`SHADOW_HALF_LIFE`] acquisitions.
     encoded: [u64; 2],
     acquisitions: u32,
@@ -130,10 +127,49 @@ impl Shadows {
     }
 
     /// The item `hash` of `num_embeds` was acquired (a hit or an allocation).
-    #[inline]
     pub(crate) fn acquire(&mut self, hash: u64, num_embeds: u64) {
-        self.encoded[0] += self.lru.acquire(hash, num_embeds, self.capacity);
-        self.encoded[1] += self.lfu.acquire(hash, num_embeds, self.capacity);
+        self.sequence += 1;
+        let now = self.sequence;
+        let item = self.items.entry(hash).or_default();
+        let recency_hit = item.lru_placed != 0;
+        item.lru_placed = now;
+        item.lru_embeds = num_embeds;
+        let frequency_hit = item.held;
+        if frequency_hit {
+            item.count = item.count.saturating_add(1);
+        } else {
+            if item.count > 0 {
+                self.remembered -= 1;
+            }
+            *item = Shadowed { count: item.count.saturating_add(1), held: true, num_embeds, ..*item };
+        }
+        item.place = now;
+        let placed = (rank(item.count, item.num_embeds), now, hash);
+        self.lru_order.push_back((now, hash));
+        if recency_hit {
+            self.compact_lru_if_stale();
+        } else {
+            self.lru_len += 1;
+            self.lru_used += num_embeds;
+            self.encoded[0] += num_embeds;
+            while self.lru_used > self.capacity && self.lru_len > 1 {
+                self.evict_lru();
+            }
+        }
+        if frequency_hit {
+            self.places.push(placed);
+            self.compact_places_if_stale();
+        } else {
+            self.held += 1;
+            self.lfu_used += num_embeds;
+            self.encoded[1] += num_embeds;
+            self.compact_evictions_if_stale();
+            while self.lfu_used > self.capacity {
+                let Some((_, place, victim)) = self.places.pop() else { break };
+                self.evict_lfu(victim, place);
+            }
+            self.places.push(placed);
+        }
         self.acquisitions += 1;
         if self.acquisitions == SHADOW_HALF_LIFE {
             self.acquisitions = 0;
@@ -151,6 +187,84 @@ impl Shadows {
     #[cfg(test)]
     fn encoded(&self) -> [u64; 2] {
         self.encoded
+    }
+
+    /// Evicts the LRU shadow's least recently placed item.
+    fn evict_lru(&mut self) {
+        while let Some((placed, hash)) = self.lru_order.pop_front() {
+            if let EntryRef::Occupied(mut found) = self.items.entry_ref(&hash) {
+                let item = found.get_mut();
+                if item.lru_placed == placed {
+                    item.lru_placed = 0;
+                    self.lru_len -= 1;
+                    self.lru_used -= item.lru_embeds;
+                    if item.count == 0 {
+                        found.remove();
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Evicts `victim` from the LFU shadow if `place` is its live place,
+    /// remembering its count.
+    fn evict_lfu(&mut self, victim: u64, place: u64) {
+        let Some(item) = self.items.get_mut(&victim) else { return };
+        if !item.held || item.place != place {
+            return;
+        }
+        self.sequence += 1;
+        item.held = false;
+        item.place = self.sequence;
+        self.lfu_used -= item.num_embeds;
+        self.held -= 1;
+        self.remembered += 1;
+        self.evictions.push_back((self.sequence, victim));
+        if self.remembered > FREQUENCY_MEMORY {
+            self.forget_oldest();
+        }
+    }
+
+    /// Forgets the count of the item the LFU shadow evicted longest ago and still remembers.
+    fn forget_oldest(&mut self) {
+        while let Some((evicted, hash)) = self.evictions.pop_front() {
+            if let EntryRef::Occupied(mut found) = self.items.entry_ref(&hash) {
+                if found.get().remembered_since(evicted) {
+                    self.remembered -= 1;
+                    if found.get().lru_placed == 0 {
+                        found.remove();
+                    } else {
+                        found.get_mut().count = 0;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Drops the LRU shadow's stale placings once they outnumber the live ones.
+    fn compact_lru_if_stale(&mut self) {
+        if self.lru_order.len() > 2 * self.lru_len + 64 {
+            let items = &self.items;
+            self.lru_order.retain(|(placed, hash)| items.get(hash).is_some_and(|item| item.lru_placed == *placed));
+        }
+    }
+
+    /// Keeps only the LFU shadow's live places once stale ones outnumber them.
+    fn compact_places_if_stale(&mut self) {
+        if self.places.len() > 2 * self.held + 64 {
+            let items = &self.items;
+            self.places.retain(|(_, place, hash)| items.get(hash).is_some_and(|item| item.held && item.place == *place));
+        }
+    }
+
+    /// Drops the evictions of items held again or forgotten once they outnumber the remembered ones.
+    fn compact_evictions_if_stale(&mut self) {
+        if self.evictions.len() > 2 * self.remembered + 64 {
+            let items = &self.items;
+            self.evictions.retain(|(evicted, hash)| items.get(hash).is_some_and(|item| item.remembered_since(*evicted)));
+        }
     }
 }
 
