@@ -18,6 +18,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::hash::BuildHasherDefault;
 
 use hashbrown::hash_map::EntryRef;
 
@@ -66,6 +67,16 @@ struct Places {
 }
 
 impl Places {
+    /// Moves the live place `(_, placed, hash)` to `place`, which is later
+    /// in the order: in the run's last slot if it is there (the run stays
+    /// rising), else as a new place, the old one left stale.
+    fn replace(&mut self, placed: u64, hash: u64, place: Place) {
+        match self.run.back_mut() {
+            Some(last) if (last.1, last.2) == (placed, hash) => *last = place,
+            _ => self.push(place),
+        }
+    }
+
     fn push(&mut self, place: Place) {
         if self.run.back().is_none_or(|&last| place >= last) {
             self.run.push_back(place);
@@ -97,7 +108,7 @@ fn rank(count: u32, num_embeds: u64) -> i64 {
 }
 
 /// The two shadow caches and what each would have encoded lately.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Shadows {
     items: HashKeyed<Shadowed>,
     capacity: u64,
@@ -120,6 +131,31 @@ pub(crate) struct Shadows {
     acquisitions: u32,
 }
 
+impl Default for Shadows {
+    /// The map and the eviction queue are allocated for the items a
+    /// long-running cache makes them hold (the remembered counts and about
+    /// as many held items, under 2 MiB), so they never grow, and never
+    /// rehash thousands of items, inside one call.
+    fn default() -> Self {
+        let items = 2 * FREQUENCY_MEMORY;
+        Self {
+            items: HashKeyed::with_capacity_and_hasher(items, BuildHasherDefault::default()),
+            capacity: 0,
+            sequence: 0,
+            lru_order: VecDeque::new(),
+            lru_len: 0,
+            lru_used: 0,
+            places: Places::default(),
+            evictions: VecDeque::with_capacity(2 * FREQUENCY_MEMORY + 64),
+            held: 0,
+            remembered: 0,
+            lfu_used: 0,
+            encoded: [0; 2],
+            acquisitions: 0,
+        }
+    }
+}
+
 impl Shadows {
     /// Both shadows now hold up to `capacity` embeddings (from their next miss on).
     pub(crate) fn resize(&mut self, capacity: u64) {
@@ -132,6 +168,9 @@ impl Shadows {
         let now = self.sequence;
         let item = self.items.entry(hash).or_default();
         let recency_hit = item.lru_placed != 0;
+        // Placed last already: the queue's last placing moves with it, and no stale one is left.
+        let lru_last = recency_hit && self.lru_order.back() == Some(&(item.lru_placed, hash));
+        let lfu_placed = item.place;
         item.lru_placed = now;
         item.lru_embeds = num_embeds;
         let frequency_hit = item.held;
@@ -145,7 +184,13 @@ impl Shadows {
         }
         item.place = now;
         let placed = (rank(item.count, item.num_embeds), now, hash);
-        self.lru_order.push_back((now, hash));
+        if lru_last {
+            if let Some(last) = self.lru_order.back_mut() {
+                last.0 = now;
+            }
+        } else {
+            self.lru_order.push_back((now, hash));
+        }
         if recency_hit {
             self.compact_lru_if_stale();
         } else {
@@ -157,7 +202,7 @@ impl Shadows {
             }
         }
         if frequency_hit {
-            self.places.push(placed);
+            self.places.replace(lfu_placed, hash, placed);
             self.compact_places_if_stale();
         } else {
             self.held += 1;
