@@ -11,18 +11,10 @@ use super::ghosts::GhostMap;
 /// How many evicted items a [`FrequencyMemory`] remembers.
 pub const FREQUENCY_MEMORY: usize = 8192;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct FrequencyMemory {
     /// Evicted items' counts by hash, oldest eviction first.
     counts: GhostMap<u32, FREQUENCY_MEMORY>,
-}
-
-impl Default for FrequencyMemory {
-    /// Allocated at its bound (about 0.7 MiB): any long-running cache fills
-    /// it, and growing it would rehash thousands of items inside one call.
-    fn default() -> Self {
-        Self { counts: GhostMap::full_size() }
-    }
 }
 
 impl FrequencyMemory {

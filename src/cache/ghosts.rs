@@ -73,16 +73,6 @@ pub(crate) enum Inserted<V> {
 }
 
 impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
-    /// An empty map with room for all `BOUND` items, so it never grows (and
-    /// never rehashes its items) while traffic runs.
-    pub(crate) fn full_size() -> Self {
-        Self {
-            by_hash: HashKeyed::with_capacity_and_hasher(BOUND + 1, BuildHasherDefault::default()),
-            order: VecDeque::with_capacity(2 * BOUND + 64),
-            last_stamp: 0,
-        }
-    }
-
     /// How many items are remembered.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -18,7 +18,6 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::hash::BuildHasherDefault;
 
 use hashbrown::hash_map::EntryRef;
 
@@ -108,7 +107,7 @@ fn rank(count: u32, num_embeds: u64) -> i64 {
 }
 
 /// The two shadow caches and what each would have encoded lately.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Shadows {
     items: HashKeyed<Shadowed>,
     capacity: u64,
@@ -129,31 +128,6 @@ pub(crate) struct Shadows {
     /// Embeddings each would have encoded (LRU, LFU), halved every [`SHADOW_HALF_LIFE`] acquisitions.
     encoded: [u64; 2],
     acquisitions: u32,
-}
-
-impl Default for Shadows {
-    /// The map and the eviction queue are allocated for the items a
-    /// long-running cache makes them hold (the remembered counts and about
-    /// as many held items, under 2 MiB), so they never grow, and never
-    /// rehash thousands of items, inside one call.
-    fn default() -> Self {
-        let items = 2 * FREQUENCY_MEMORY;
-        Self {
-            items: HashKeyed::with_capacity_and_hasher(items, BuildHasherDefault::default()),
-            capacity: 0,
-            sequence: 0,
-            lru_order: VecDeque::new(),
-            lru_len: 0,
-            lru_used: 0,
-            places: Places::default(),
-            evictions: VecDeque::with_capacity(2 * FREQUENCY_MEMORY + 64),
-            held: 0,
-            remembered: 0,
-            lfu_used: 0,
-            encoded: [0; 2],
-            acquisitions: 0,
-        }
-    }
 }
 
 impl Shadows {
@@ -315,7 +289,26 @@ impl Shadows {
 
 #[cfg(test)]
 mod tests {
-    use super::Shadows;
+    use super::{Places, Shadows};
+
+    #[test]
+    fn places_pop_lowest_first_whatever_order_they_come_in() {
+        // Interleaved rising sequences (new and reused items) and scattered ranks: the run and the heap.
+        let mut places = Places::default();
+        let mut pushed = Vec::new();
+        for seq in 0..300u64 {
+            let rank = match seq % 3 {
+                0 => 1,
+                1 => 50 + i64::try_from(seq / 30).unwrap(),
+                _ => i64::try_from((seq * 7919) % 97).unwrap(),
+            };
+            places.push((rank, seq, seq));
+            pushed.push((rank, seq, seq));
+        }
+        pushed.sort_unstable();
+        let popped: Vec<_> = std::iter::from_fn(|| places.pop()).collect();
+        assert_eq!(popped, pushed);
+    }
 
     #[test]
     fn a_scan_favours_lfu_and_a_moving_working_set_favours_lru() {
