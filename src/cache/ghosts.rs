@@ -41,6 +41,15 @@ impl Hasher for OwnHash {
     }
 }
 
+/// Whether a queue of `places`, `live` of them live, should drop its stale
+/// ones: once they outnumber the live ones (with some slack), so that
+/// compacting costs O(1) amortised per place pushed. Every stamped queue
+/// here (the ghost maps' and the shadows') compacts by this rule.
+#[inline]
+pub(crate) fn stale_outnumber_live(places: usize, live: usize) -> bool {
+    places > 2 * live + 64
+}
+
 /// A map keyed by 64-bit item hashes.
 pub(crate) type HashKeyed<V> = HashMap<u64, V, BuildHasherDefault<OwnHash>>;
 
@@ -123,7 +132,7 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
     /// Drops the stale places once they outnumber the live ones.
     #[inline]
     fn compact_if_stale(&mut self) {
-        if self.order.len() > 2 * self.by_hash.len() + 64 {
+        if stale_outnumber_live(self.order.len(), self.by_hash.len()) {
             let by_hash = &self.by_hash;
             self.order.retain(|&(stamp, hash)| by_hash.get(&hash).is_some_and(|&(live, _)| live == stamp));
         }

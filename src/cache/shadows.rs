@@ -22,7 +22,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use hashbrown::hash_map::EntryRef;
 
 use super::frequency_memory::FREQUENCY_MEMORY;
-use super::ghosts::HashKeyed;
+use super::ghosts::{stale_outnumber_live, HashKeyed};
 use super::lanes::rank_of;
 use super::policies::Policy;
 
@@ -264,7 +264,7 @@ impl Shadows {
 
     /// Drops the LRU shadow's stale placings once they outnumber the live ones.
     fn compact_lru_if_stale(&mut self) {
-        if self.lru_order.len() > 2 * self.lru_len + 64 {
+        if stale_outnumber_live(self.lru_order.len(), self.lru_len) {
             let items = &self.items;
             self.lru_order.retain(|(placed, hash)| items.get(hash).is_some_and(|item| item.lru_placed == *placed));
         }
@@ -272,7 +272,7 @@ impl Shadows {
 
     /// Keeps only the LFU shadow's live places once stale ones outnumber them.
     fn compact_places_if_stale(&mut self) {
-        if self.places.len() > 2 * self.held + 64 {
+        if stale_outnumber_live(self.places.len(), self.held) {
             let items = &self.items;
             self.places.retain(|(_, place, hash)| items.get(hash).is_some_and(|item| item.held && item.place == *place));
         }
@@ -280,7 +280,7 @@ impl Shadows {
 
     /// Drops the evictions of items held again or forgotten once they outnumber the remembered ones.
     fn compact_evictions_if_stale(&mut self) {
-        if self.evictions.len() > 2 * self.remembered + 64 {
+        if stale_outnumber_live(self.evictions.len(), self.remembered) {
             let items = &self.items;
             self.evictions.retain(|(evicted, hash)| items.get(hash).is_some_and(|item| item.remembered_since(*evicted)));
         }
