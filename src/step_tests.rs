@@ -1,6 +1,8 @@
 //! The step functions against both caches.
 
 use super::*;
+use crate::cache::EncoderCache;
+use crate::encoder_decoder::EncoderDecoderCache;
 use std::sync::Arc;
 
 fn item(identifier: &str, offset: u64, length: u64) -> Item {
