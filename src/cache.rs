@@ -58,6 +58,6 @@ pub use frequency_memory::{FrequencyMemory, FREQUENCY_MEMORY};
 pub use keys::{hash_key, Handle, Key, KeyArg};
 pub use policies::{EvictionPolicy, Gdsf, GdsfMeta, GhostLfu, Policy, S3Fifo, S3FifoMeta, Vllm, GDSF_COST_SCALE, S3FIFO_MAX_CREDIT};
 pub use requests::HeldInputs;
-pub use shadows::SHADOW_HALF_LIFE;
+pub use shadows::{SHADOW_HALF_LIFE, SHADOW_NEAR_TIE};
 pub use state::{CacheState, EntryPolicyState, EntryState, InvariantViolation, PolicyState, RequestState};
 pub use stats::{CacheStats, Counters, EVICTED_MEMORY};

@@ -588,6 +588,29 @@ def test_duel_follows_vllms_order_where_counts_mislead(make):
     assert _freed_over(make(30, policy="lfu-ghost"), sequence) != vllm_freed
 
 
+def test_duel_treats_a_near_tie_as_a_tie(make):
+    # 3,000 one-offs that fill the cache alone: both shadows encode 90,000 embeddings.
+    # Then a hot item between one-offs: each cycle the LFU shadow encodes 10 fewer than
+    # the LRU one. It leads only once that exceeds 1/256 of its own count (about 352):
+    # after 30 cycles (a lead of 290) duel still evicts as vllm does, by 60 it keeps the
+    # hot item. All within one half-life (4,096 acquisitions).
+    big = [f"big{k}" for k in range(3000)]
+    cycles = [[item for item in ("hot", f"a{k}", f"b{k}", f"c{k}")] for k in range(60)]
+
+    def run(policy: str) -> tuple[list[str], list[str]]:
+        manager = make(30, policy=policy)
+        _freed_over(manager, big, size=30)
+        early = _freed_over(manager, [item for cycle in cycles[:30] for item in cycle])
+        late = _freed_over(manager, [item for cycle in cycles[30:] for item in cycle])
+        return early, late
+
+    vllm_early, _ = run("vllm")
+    duel_early, duel_late = run("duel")
+    assert duel_early == vllm_early
+    assert duel_early.count("hot") == 30
+    assert duel_late[-40:].count("hot") == 0, "a clear lead switches to lfu-ghost's order"
+
+
 @pytest.mark.skipif(len(IMPLEMENTATIONS) < 2, reason="the Rust manager does not take policy= in this build")
 @pytest.mark.parametrize("seed", range(3))
 def test_duel_decides_like_the_twin_across_many_halvings(seed):

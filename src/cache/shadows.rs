@@ -29,6 +29,12 @@ use super::policies::Policy;
 /// Acquisitions after which both shadows' counts of encoded embeddings are halved.
 pub const SHADOW_HALF_LIFE: u32 = 4096;
 
+/// The LFU shadow leads only once it encoded less by more than this fraction
+/// (1 / `SHADOW_NEAR_TIE`) of its own count; closer counts are a tie, which
+/// goes to vLLM's order. A lead that small is noise, and following it lets
+/// the real cache drift from what the LFU shadow measured.
+pub const SHADOW_NEAR_TIE: u64 = 256;
+
 /// What the shadows know of one item. It stays in the map while either
 /// holds it or the LFU one remembers its count.
 #[derive(Debug, Clone, Copy, Default)]
@@ -196,10 +202,10 @@ impl Shadows {
         }
     }
 
-    /// Whether the LFU shadow encoded strictly less lately.
+    /// Whether the LFU shadow encoded less lately, by more than a near tie.
     #[inline]
     pub(crate) fn lfu_leads(&self) -> bool {
-        self.encoded[1] < self.encoded[0]
+        self.encoded[1] + self.encoded[1] / SHADOW_NEAR_TIE < self.encoded[0]
     }
 
     /// (LRU, LFU): what each would have encoded lately.
@@ -332,6 +338,20 @@ mod tests {
             }
         }
         assert!(!shadows.lfu_leads(), "{:?}", shadows.encoded());
+    }
+
+    #[test]
+    fn a_near_tie_goes_to_lru() {
+        let mut shadows = Shadows::default();
+        for (lru, lfu, leads) in [(1000, 1000, false), (1000, 997, false), (1000, 996, true), (0, 0, false), (1, 0, true)] {
+            shadows.encoded = [lru, lfu];
+            assert_eq!(shadows.lfu_leads(), leads, "LRU {lru}, LFU {lfu}");
+        }
+        // 1/256 of the LFU count: 25,600 needs a lead of more than 100.
+        shadows.encoded = [25_700, 25_600];
+        assert!(!shadows.lfu_leads());
+        shadows.encoded = [25_701, 25_600];
+        assert!(shadows.lfu_leads());
     }
 
     #[test]

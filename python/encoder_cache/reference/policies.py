@@ -479,8 +479,9 @@ class DuelPolicy(GhostLfuPolicy):
 
     :class:`GhostLfuPolicy`'s heap, priorities and frequency memory, and the
     base class's release order: the victim is the LFU heap's lowest while
-    the LFU shadow encoded strictly less lately, else the oldest release
-    (ties go to vLLM's order). A snapshot lists the evictable entries in
+    the LFU shadow encoded less lately by more than a near tie
+    (:data:`~encoder_cache.reference.shadows.SHADOW_NEAR_TIE`), else the
+    oldest release (near ties go to vLLM's order). A snapshot lists the evictable entries in
     release order with their priorities. O(log n) per call.
     """
 

@@ -12,10 +12,15 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
-__all__ = ["SHADOW_HALF_LIFE", "Shadows"]
+__all__ = ["SHADOW_HALF_LIFE", "SHADOW_NEAR_TIE", "Shadows"]
 
 #: Acquisitions after which both shadows' counts of encoded embeddings are halved.
 SHADOW_HALF_LIFE = 4096
+
+#: The LFU shadow leads only once it encoded less by more than
+#: ``1 / SHADOW_NEAR_TIE`` of its own count (integer division); closer counts
+#: are a tie, which goes to vLLM's order.
+SHADOW_NEAR_TIE = 256
 
 
 class _ShadowLru:
@@ -100,5 +105,6 @@ class Shadows:
             self.encoded = [encoded // 2 for encoded in self.encoded]
 
     def lfu_leads(self) -> bool:
-        """Whether the LFU shadow encoded strictly less lately."""
-        return self.encoded[1] < self.encoded[0]
+        """Whether the LFU shadow encoded less lately, by more than a near tie."""
+        lru, lfu = self.encoded
+        return lfu + lfu // SHADOW_NEAR_TIE < lru
