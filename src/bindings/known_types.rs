@@ -9,8 +9,12 @@
 //! fields whose reads run no Python code, so all of them are read at once.
 //!
 //! A class is judged once by its `__module__` and `__qualname__`; the verdict
-//! is kept with the class object (held, so its address is not reused).
+//! is kept with the class object (held, so its address is not reused), and
+//! the addresses of the classes judged are also kept in plain atomic slots,
+//! so that a class seen before is recognised by a few loads and compares,
+//! without taking the lock.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use pyo3::prelude::*;
@@ -31,8 +35,26 @@ const MAX_VERDICTS: usize = 32;
 
 static VERDICTS: Mutex<Vec<(Py<PyType>, bool)>> = Mutex::new(Vec::new());
 
+/// How many judged classes of each verdict are found without the lock.
+const FAST_SLOTS: usize = 8;
+
+/// Addresses of classes judged known (`FAST[0]`) and not known (`FAST[1]`),
+/// 0 in a free slot. A class is written here only once its verdict is in
+/// [`VERDICTS`], which holds it, so an address here always names that class.
+static FAST: [[AtomicUsize; FAST_SLOTS]; 2] = [const { [const { AtomicUsize::new(0) }; FAST_SLOTS] }; 2];
+
 /// Whether `obj`'s class is exactly one of the known classes.
 pub(crate) fn is_known(obj: &Bound<'_, PyAny>) -> bool {
+    let address = obj.get_type_ptr() as usize;
+    for (verdict, slots) in [true, false].into_iter().zip(&FAST) {
+        for slot in slots {
+            match slot.load(Ordering::Acquire) {
+                0 => break,
+                seen if seen == address => return verdict,
+                _ => {}
+            }
+        }
+    }
     let class = obj.get_type();
     {
         let verdicts = VERDICTS.lock().unwrap_or_else(PoisonError::into_inner);
@@ -45,6 +67,11 @@ pub(crate) fn is_known(obj: &Bound<'_, PyAny>) -> bool {
     let mut verdicts = VERDICTS.lock().unwrap_or_else(PoisonError::into_inner);
     if verdicts.len() < MAX_VERDICTS && !verdicts.iter().any(|(seen, _)| seen.is(&class)) {
         verdicts.push((class.unbind(), known));
+        // Still under the lock, so no two writers race for a slot.
+        let slots = &FAST[usize::from(!known)];
+        if let Some(free) = slots.iter().find(|slot| slot.load(Ordering::Acquire) == 0) {
+            free.store(address, Ordering::Release);
+        }
     }
     known
 }
