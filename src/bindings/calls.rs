@@ -47,7 +47,8 @@ pub(crate) struct Needs {
     identifier: bool,
     num_embeds: bool,
     modality: bool,
-    /// The call may cache the item or hold it for the request: note the core's handles after it.
+    /// The call may cache the item or hold it for the request: note the core's
+    /// handles after it, unless its answer says it did neither (see [`Answer`]).
     changes: bool,
 }
 
@@ -194,6 +195,25 @@ impl<'py> CallReads<'py> {
     }
 }
 
+/// What a per-call method's answer says of the call.
+pub(crate) trait Answer {
+    /// False when the call cannot have cached the item or made the request hold it.
+    fn may_have_changed(&self) -> bool {
+        true
+    }
+}
+
+/// `check_and_update_cache`: a miss changes nothing.
+impl Answer for bool {
+    fn may_have_changed(&self) -> bool {
+        *self
+    }
+}
+
+impl Answer for () {}
+
+impl Answer for Option<u64> {}
+
 /// After a call that may have cached the item or made the request hold it:
 /// the core's current handles for both, where the record's are missing or stale.
 #[inline]
@@ -210,7 +230,7 @@ fn note_handles(cache: &EncoderCache, record: &mut RequestRecord, input_id: usiz
 
 /// Runs `op` on the manager's cache with input `input_id` of `request`, as
 /// `needs` asks (see the module's doc).
-pub(crate) fn with_input<'py, R>(
+pub(crate) fn with_input<'py, R: Answer>(
     manager: &Bound<'py, PyEncoderCacheManager>,
     request: &Bound<'py, PyAny>,
     input_id: usize,
@@ -234,7 +254,7 @@ pub(crate) fn with_input<'py, R>(
                 let input = Input::recorded(record, input_id, &feature);
                 if input.has(needs) {
                     let out = op(&mut state.cache, &input);
-                    if needs.changes {
+                    if needs.changes && out.as_ref().is_ok_and(Answer::may_have_changed) {
                         note_handles(&state.cache, record, input_id);
                     }
                     return out;
@@ -258,7 +278,7 @@ pub(crate) fn with_input<'py, R>(
                 let input = Input::recorded(record, input_id, &feature);
                 if input.has(needs) {
                     let out = op(&mut state.cache, &input);
-                    if needs.changes {
+                    if needs.changes && out.as_ref().is_ok_and(Answer::may_have_changed) {
                         note_handles(&state.cache, record, input_id);
                     }
                     return out;
