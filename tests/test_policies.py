@@ -282,6 +282,36 @@ def test_an_item_without_a_modality_counts_as_unknown():
     assert list(m.stats()["by_modality"]) == ["unknown"]
 
 
+@pytest.mark.parametrize("policy", ["vllm", "s3fifo"])
+def test_reencodes_count_alike_when_the_counters_are_read_rarely(policy: str) -> None:
+    """Tens of thousands of evictions and allocations between reads of the
+    counters: the Rust manager applies its memory of evicted items in batches,
+    the twin each at once, and they agree at every read, across a
+    `reset_stats()` and past the memory's bound (the first items of the first
+    pass are forgotten by the time they come back)."""
+    bound = reference.EVICTED_MEMORY
+    rust = encoder_cache.EncoderCacheManager(8, policy=policy)
+    twin = reference.EncoderCacheManager(8, policy=policy)
+    rng = random.Random(5)
+    catalogue = bound + 40
+    sequence = [*range(catalogue), *(rng.randrange(catalogue) for _ in range(3_000))]
+    reads = {bound // 2, catalogue + 100, catalogue + 2_000}
+    for step, k in enumerate(sequence):
+        r = request(f"r{step}", (f"i{k}", 1 + k % 4), modality=("image", "video")[k % 2])
+        for m in (rust, twin):
+            if not m.check_and_update_cache(r, 0):
+                assert m.can_allocate(r, 0, 1 << 40, 0)
+                m.allocate(r, 0)
+            m.free(r)
+        if step in reads:
+            assert rust.stats() == twin.stats(), step
+        if step == catalogue + 1_000:
+            rust.reset_stats()
+            twin.reset_stats()
+    assert rust.stats() == twin.stats()
+    assert 0 < rust.stats()["reencodes"] < rust.stats()["misses"], "some misses are re-encodes, not all"
+
+
 def _outcome(call: Any) -> Any:
     """What a call returned, or the type of what it raised."""
     try:

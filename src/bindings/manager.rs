@@ -83,9 +83,9 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
     /// `entries`, `used_embeds`, `freeable_embeds`, and `by_modality`: the
     /// counters per `mm_features[i].modality` ("unknown" without one).
     fn stats<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
-        let (py, state) = (slf.py(), slf.try_borrow()?);
+        let (py, mut state) = (slf.py(), slf.try_borrow_mut()?);
+        let counts = state.cache.stats();
         let cache = &state.cache;
-        let counts = cache.stats();
         let counters = |values: &Counters| -> PyResult<Bound<'py, PyDict>> {
             let dict = PyDict::new(py);
             for (name, n) in values.named() {

@@ -87,12 +87,14 @@ impl<P: EvictionPolicy> PolicyCache<P> {
     }
 
     /// The counters since the cache was built or [`Self::reset_stats`].
-    pub fn stats(&self) -> CacheStats {
+    pub fn stats(&mut self) -> CacheStats {
+        self.ghosts.apply(&mut self.tally);
         self.tally.report()
     }
 
     /// Zeroes the counters; the contents stay.
     pub fn reset_stats(&mut self) {
+        self.ghosts.apply(&mut self.tally);
         self.tally = Tally::default();
     }
 
@@ -281,7 +283,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         let entry = self.entries.remove(e);
         self.num_free_slots += entry.num_embeds;
         self.tally.eviction(entry.modality, entry.num_embeds);
-        self.ghosts.insert(entry.hash);
+        self.ghosts.evicted(entry.hash, &mut self.tally);
         self.policy.evicted(entry.hash, &entry.meta, entry.num_embeds);
         self.freed.push((entry.key, entry.hash));
         true
@@ -291,6 +293,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
     /// Lookahead marks and the memory of evicted items go too; the counters
     /// and the event log stay, the log recording that the cache was cleared.
     pub fn reset(&mut self) {
+        self.ghosts.apply(&mut self.tally);
         let tally = std::mem::take(&mut self.tally);
         let mut events = self.events.take();
         if let Some(log) = events.as_deref_mut() {
@@ -433,7 +436,6 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         // A held input is an error here: it is held as another item, since this one is not cached.
         self.holds(request, request_id, input_id, identifier)?;
         let r = request.unwrap_or_else(|| self.requests.insert(RequestRefs::new(request_id.to_key(), request_id.hash())));
-        let reencode = self.ghosts.remove(hash);
         let mut entry = Entry::new(identifier.to_key(), hash, num_embeds, Referrers::One(r), modality);
         entry.meta = self.policy.admit(hash, num_embeds);
         let e = self.entries.insert(entry);
@@ -441,9 +443,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         self.num_free_slots -= num_embeds;
         self.num_freeable_slots -= num_embeds;
         self.tally.miss(modality, num_embeds);
-        if reencode {
-            self.tally.reencode(modality, num_embeds);
-        }
+        self.ghosts.allocated(hash, modality, num_embeds, &mut self.tally);
         if let Some(log) = self.events.as_deref_mut() {
             log.record_stored(&self.entries.get(e).key, hash);
         }

@@ -105,7 +105,7 @@ impl EncoderCache {
         with_policy_cache!(self, c => c.num_freeable_slots())
     }
 
-    pub fn stats(&self) -> CacheStats {
+    pub fn stats(&mut self) -> CacheStats {
         with_policy_cache!(self, c => c.stats())
     }
 

@@ -105,6 +105,12 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
         Inserted::New
     }
 
+    /// Whether `hash` is remembered.
+    #[cfg(test)]
+    pub(crate) fn contains(&self, hash: u64) -> bool {
+        self.by_hash.contains_key(&hash)
+    }
+
     /// Forgets `hash`; its value if it was remembered.
     #[inline]
     pub(crate) fn take(&mut self, hash: u64) -> Option<V> {

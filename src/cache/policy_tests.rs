@@ -238,14 +238,38 @@ fn hits_and_misses_are_counted_once_per_acquisition() {
 
 #[test]
 fn the_memory_of_evicted_items_is_bounded() {
-    let mut ghosts = stats::Ghosts::default();
+    let (mut ghosts, mut tally) = (stats::Ghosts::default(), stats::Tally::default());
     let hash = |k: usize| hash_key(&format!("i{k}"));
     for k in 0..EVICTED_MEMORY + 10 {
-        ghosts.insert(hash(k));
+        ghosts.evicted(hash(k), &mut tally);
     }
-    assert!(!ghosts.remove(hash(9)), "the oldest are forgotten");
-    assert!(ghosts.remove(hash(10)));
-    assert!(!ghosts.remove(hash(10)), "an item leaves when it comes back");
+    assert!(!ghosts.remembers(hash(9), &mut tally), "the oldest are forgotten");
+    assert!(ghosts.remembers(hash(10), &mut tally));
+    ghosts.allocated(hash(10), 1, 8, &mut tally);
+    assert!(!ghosts.remembers(hash(10), &mut tally), "an item leaves when it comes back");
+    ghosts.allocated(hash(9), 1, 4, &mut tally);
+    ghosts.apply(&mut tally);
+    let counted = tally.report().total;
+    assert_eq!((counted.reencodes, counted.reencode_embeds), (1, 8), "only the remembered one is a re-encode");
+}
+
+#[test]
+fn collected_ghost_updates_apply_in_order_whenever_counters_are_read() {
+    // An item evicted, allocated, evicted and allocated again within one
+    // batch is two re-encodes; one evicted and allocated before its eviction
+    // is none. Every read of the counters sees what was collected so far.
+    let (mut ghosts, mut tally) = (stats::Ghosts::default(), stats::Tally::default());
+    let (a, b) = (hash_key("a"), hash_key("b"));
+    ghosts.allocated(b, 0, 3, &mut tally);
+    ghosts.evicted(b, &mut tally);
+    for _ in 0..2 {
+        ghosts.evicted(a, &mut tally);
+        ghosts.allocated(a, 2, 5, &mut tally);
+    }
+    ghosts.apply(&mut tally);
+    let counted = tally.report().total;
+    assert_eq!((counted.reencodes, counted.reencode_embeds), (2, 10));
+    assert!(ghosts.remembers(b, &mut tally) && !ghosts.remembers(a, &mut tally));
 }
 
 /// The same operations on a cache and on its restored copy decide the same.

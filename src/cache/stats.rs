@@ -6,7 +6,9 @@
 //! `check_and_update_cache` that adds a reference for an input the request did
 //! not hold yet, a miss is a successful `allocate`. Re-checking a held input
 //! counts nothing. A re-encode is a miss on an item this cache evicted earlier
-//! (among its [`EVICTED_MEMORY`] most recent evictions).
+//! (among its [`EVICTED_MEMORY`] most recent evictions). Re-encodes are
+//! counted when the ghosts apply what they collected (see [`Ghosts`]); every
+//! read and reset of the counters applies it first, so a report is exact.
 
 use super::ghosts::GhostMap;
 
@@ -128,22 +130,74 @@ impl Tally {
     }
 }
 
+/// How many evictions and allocations [`Ghosts`] collects before applying them.
+const GHOST_BATCH: usize = 64;
+
+/// An eviction or allocation the ghosts have yet to apply.
+#[derive(Debug, Clone, Copy)]
+enum GhostEvent {
+    Evicted(u64),
+    Allocated { hash: u64, modality: u8, embeds: u64 },
+}
+
 /// Ghosts: the 64-bit hashes of the most recently evicted items, oldest
 /// forgotten first, so a miss can be recognised as a re-encode without
 /// keeping the identifiers.
+///
+/// The memory is large (up to [`EVICTED_MEMORY`] hashes, a few MiB) and each
+/// item lands at a random place in it, so an update is a cache miss. The
+/// evictions and allocations are therefore collected, in order, and applied
+/// [`GHOST_BATCH`] at a time (and whenever the counters are read or reset),
+/// in one loop whose updates are independent, so that their misses overlap.
+/// Applied in order, they count what updating at once would.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Ghosts {
     hashes: GhostMap<(), EVICTED_MEMORY>,
+    pending: Vec<GhostEvent>,
 }
 
 impl Ghosts {
-    pub(crate) fn insert(&mut self, hash: u64) {
-        self.hashes.insert(hash, ());
+    /// Remembers an evicted item.
+    #[inline]
+    pub(crate) fn evicted(&mut self, hash: u64, tally: &mut Tally) {
+        self.push(GhostEvent::Evicted(hash), tally);
     }
 
-    /// Forgets `hash`; true if it was remembered.
+    /// Notes an allocation: a re-encode, counted in `tally`, if the item is remembered.
     #[inline]
-    pub(crate) fn remove(&mut self, hash: u64) -> bool {
-        self.hashes.take(hash).is_some()
+    pub(crate) fn allocated(&mut self, hash: u64, modality: u8, embeds: u64, tally: &mut Tally) {
+        self.push(GhostEvent::Allocated { hash, modality, embeds }, tally);
+    }
+
+    #[inline]
+    fn push(&mut self, event: GhostEvent, tally: &mut Tally) {
+        self.pending.push(event);
+        if self.pending.len() >= GHOST_BATCH {
+            self.apply(tally);
+        }
+    }
+
+    /// Applies what was collected, in order, counting re-encodes in `tally`.
+    pub(crate) fn apply(&mut self, tally: &mut Tally) {
+        let Self { hashes, pending } = self;
+        for event in pending.drain(..) {
+            match event {
+                GhostEvent::Evicted(hash) => {
+                    hashes.insert(hash, ());
+                }
+                GhostEvent::Allocated { hash, modality, embeds } => {
+                    if hashes.take(hash).is_some() {
+                        tally.reencode(modality, embeds);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether `hash` is remembered now (what was collected applied first, counted in `tally`).
+    #[cfg(test)]
+    pub(crate) fn remembers(&mut self, hash: u64, tally: &mut Tally) -> bool {
+        self.apply(tally);
+        self.hashes.contains(hash)
     }
 }
