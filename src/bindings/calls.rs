@@ -23,7 +23,7 @@ use pyo3::PyClass;
 use super::known_types::is_known;
 use super::manager::PyEncoderCacheManager;
 use super::records::RequestRecord;
-use super::request::{feature, identifier_of, known_unmasked_length, modality_of, num_embeds, num_embeds_of, request_id};
+use super::request::{feature_and_count, identifier_of, known_unmasked_length, modality_of, num_embeds, num_embeds_of, request_id};
 use super::shared::{write, ManagerState};
 use crate::cache::{hash_key, EncoderCache, Key, KeyArg};
 
@@ -237,8 +237,8 @@ pub(crate) fn with_input<'py, R: Answer>(
     needs: Needs,
     op: impl FnOnce(&mut EncoderCache, &Input<'_>) -> PyResult<R>,
 ) -> PyResult<R> {
-    let feature = match feature(request, input_id) {
-        Ok(feature) => feature,
+    let (feature, num_items) = match feature_and_count(request, input_id) {
+        Ok(read) => read,
         // vLLM's `can_allocate` reads the size alone, which a request may give without the item.
         Err(err) if !needs.identifier && err.is_instance_of::<PyException>(request.py()) => {
             let reads = CallReads { num_embeds: Some(num_embeds(request, input_id)?), ..CallReads::default() };
@@ -274,6 +274,7 @@ pub(crate) fn with_input<'py, R: Answer>(
         };
         match record {
             Some(record) => {
+                record.reserve_inputs(num_items);
                 reads.keep(record, input_id, &feature);
                 let input = Input::recorded(record, input_id, &feature);
                 if input.has(needs) {

@@ -115,6 +115,16 @@ impl RequestRecord {
         &mut self.inputs[input_id]
     }
 
+    /// Room for the records of a request with `num_items` inputs, made
+    /// once, so that reading a long request item by item does not regrow
+    /// (and copy) its records at every doubling.
+    #[inline]
+    pub(crate) fn reserve_inputs(&mut self, num_items: usize) {
+        if self.inputs.capacity() < num_items {
+            self.inputs.reserve_exact(num_items - self.inputs.len());
+        }
+    }
+
     /// At least `len` input records.
     pub(crate) fn grow(&mut self, len: usize) {
         if self.inputs.len() < len {

@@ -51,14 +51,21 @@ pub(crate) fn input_index(input_id: i64) -> PyResult<usize> {
 }
 
 pub(crate) fn feature<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Bound<'py, PyAny>> {
+    Ok(feature_and_count(request, input_id)?.0)
+}
+
+/// `request.mm_features[input_id]`, with the number of items when
+/// `mm_features` is a list (0 when it is another sequence).
+pub(crate) fn feature_and_count<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<(Bound<'py, PyAny>, usize)> {
     let features = features(request)?;
     if let Ok(list) = features.cast::<PyList>() {
-        if input_id >= list.len() {
-            return Err(out_of_range(input_id, list.len()));
+        let num_items = list.len();
+        if input_id >= num_items {
+            return Err(out_of_range(input_id, num_items));
         }
-        return list.get_item(input_id);
+        return Ok((list.get_item(input_id)?, num_items));
     }
-    features.get_item(input_id)
+    Ok((features.get_item(input_id)?, 0))
 }
 
 /// An input id past the request's items.
