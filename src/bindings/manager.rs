@@ -2,8 +2,10 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::gc::{PyTraverseError, PyVisit};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PySet, PyString, PyTuple, PyType};
 
 use super::calls::{with_input, with_request_id, Needs};
 use super::events::PyEventBatch;
@@ -86,24 +88,25 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
         let (py, mut state) = (slf.py(), slf.try_borrow_mut()?);
         let counts = state.cache.stats();
         let cache = &state.cache;
+        let names = counter_names(py);
         let counters = |values: &Counters| -> PyResult<Bound<'py, PyDict>> {
             let dict = PyDict::new(py);
-            for (name, n) in values.named() {
-                dict.set_item(name, n)?;
+            for (name, (_, n)) in names.iter().zip(values.named()) {
+                dict.set_item(name.bind(py), n)?;
             }
             Ok(dict)
         };
         let report = counters(&counts.total)?;
-        report.set_item("entries", cache.num_entries())?;
-        report.set_item("used_embeds", cache.used_embeds())?;
-        report.set_item("freeable_embeds", cache.freeable_embeds())?;
+        report.set_item(intern!(py, "entries"), cache.num_entries())?;
+        report.set_item(intern!(py, "used_embeds"), cache.used_embeds())?;
+        report.set_item(intern!(py, "freeable_embeds"), cache.freeable_embeds())?;
         let by_modality = PyDict::new(py);
         for (tag, values) in (0u8..).zip(&counts.by_modality) {
             if !values.is_zero() {
                 by_modality.set_item(modality::name(tag), counters(values)?)?;
             }
         }
-        report.set_item("by_modality", by_modality)?;
+        report.set_item(intern!(py, "by_modality"), by_modality)?;
         Ok(report)
     }
 
@@ -377,3 +380,10 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
         ))
     }
 });
+
+/// The counters' names as Python strings, made once: `stats()` is a few
+/// dict insertions, not a string built and hashed per key.
+fn counter_names(py: Python<'_>) -> &'static [Py<PyString>; 8] {
+    static NAMES: PyOnceLock<[Py<PyString>; 8]> = PyOnceLock::new();
+    NAMES.get_or_init(py, || Counters::default().named().map(|(name, _)| PyString::intern(py, name).unbind()))
+}

@@ -120,7 +120,10 @@ impl Tally {
     }
 
     pub(crate) fn report(&self) -> CacheStats {
-        let last = self.by_modality.iter().rposition(|c| !c.is_zero()).map_or(0, |i| i + 1);
+        // Each `_embeds` counter moves with its count, so four fields tell
+        // whether a modality's counters are all zero.
+        let counted = |c: &Counters| c.hits | c.misses | c.evictions | c.reencodes != 0;
+        let last = self.by_modality.iter().rposition(counted).map_or(0, |i| i + 1);
         let by_modality = self.by_modality[..last].to_vec();
         let mut total = Counters::default();
         for counters in &by_modality {
