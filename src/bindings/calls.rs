@@ -50,20 +50,27 @@ pub(crate) struct Needs {
     /// The call may cache the item or hold it for the request: note the core's
     /// handles after it, unless its answer says it did neither (see [`Answer`]).
     changes: bool,
+    /// At an item's first sight, read every fact of an item of known classes
+    /// (see `CallReads::read`), not only what this call needs.
+    read_all: bool,
 }
 
 impl Needs {
     /// `check_and_update_cache`.
-    pub(crate) const HIT: Self = Self { request_id: IdRead::Always, identifier: true, num_embeds: false, modality: false, changes: true };
+    pub(crate) const HIT: Self =
+        Self { request_id: IdRead::Always, identifier: true, num_embeds: false, modality: false, changes: true, read_all: true };
     /// `can_allocate`: vLLM reads the size alone.
     pub(crate) const SIZE: Self =
-        Self { request_id: IdRead::ForRecords, identifier: false, num_embeds: true, modality: false, changes: false };
+        Self { request_id: IdRead::ForRecords, identifier: false, num_embeds: true, modality: false, changes: false, read_all: true };
     /// `allocate`: the modality too, which the item's statistics are counted under.
-    pub(crate) const ALL: Self = Self { request_id: IdRead::Always, identifier: true, num_embeds: true, modality: true, changes: true };
+    pub(crate) const ALL: Self =
+        Self { request_id: IdRead::Always, identifier: true, num_embeds: true, modality: true, changes: true, read_all: true };
     /// `get_cached_num_encoder_embeds`: vLLM's scheduler calls it first on
     /// each item, so its reads are recorded for the hit check that follows.
+    /// It reads the identifier alone: most items it is asked about are hits,
+    /// which need nothing more, and a miss's `can_allocate` reads the rest.
     pub(crate) const IDENTIFIER: Self =
-        Self { request_id: IdRead::ForRecords, identifier: true, num_embeds: false, modality: false, changes: false };
+        Self { request_id: IdRead::ForRecords, identifier: true, num_embeds: false, modality: false, changes: false, read_all: false };
 }
 
 /// One input as a per-call method sees it: what its [`Needs`] asked for.
@@ -116,6 +123,7 @@ impl<'a> Input<'a> {
             num_embeds: needs.num_embeds && self.num_embeds.is_none(),
             modality: needs.modality && self.modality.is_none(),
             changes: needs.changes,
+            read_all: needs.read_all,
         }
     }
 
@@ -142,12 +150,12 @@ impl<'py> CallReads<'py> {
     /// comes before the request id's).
     ///
     /// A request and item of vLLM's or our own classes (see `known_types`)
-    /// have every fact of the item read at its first sight, as plain
-    /// attribute reads that run no Python code: the item's later calls find
-    /// them recorded.
+    /// have every fact of the item read at its first sight by a call whose
+    /// needs say `read_all`, as plain attribute reads that run no Python
+    /// code: the item's later calls find them recorded.
     fn read(request: &Bound<'py, PyAny>, input_id: usize, feature: &Bound<'py, PyAny>, needs: Needs) -> PyResult<Self> {
         let mut reads = Self::default();
-        let eager = (needs.identifier || needs.num_embeds || needs.modality) && is_known(request) && is_known(feature);
+        let eager = needs.read_all && (needs.identifier || needs.num_embeds || needs.modality) && is_known(request) && is_known(feature);
         if eager {
             let key = Key::from(identifier_of(feature)?.to_str()?);
             reads.identifier = Some((key.clone(), hash_key(&key)));
