@@ -13,8 +13,8 @@
   max_num_batched_tokens and so encoder budget): schedule the chunk's frames,
   allocate them, and free those the chunk consumed; then ``free(request)``.
   A frame is held only until its chunk is done, so the any() scan looks at
-  one chunk's frames (about 120), not the whole video's. The floor and reads stand-ins below
-  have no step-level methods, so this case runs without them.
+  one chunk's frames (about 120), not the whole video's. The floor and reads
+  stand-ins below have no step-level methods, so this case runs without them.
 
 Every request ends with ``free(request)``, as vLLM's scheduler ends every
 request it finishes, aborts or preempts (for vLLM's module a no-op once the
@@ -100,15 +100,14 @@ def free_one_by_one(manager, req) -> None:
         manager.free_encoder_input(req, i)
 
 
-def long_video(manager, req) -> None:
-    schedule(manager, req)
-    free_one_by_one(manager, req)
-    manager.free(req)
-
-
 def frees_then_free(manager, req) -> None:
     free_one_by_one(manager, req)
     manager.free(req)
+
+
+def long_video(manager, req) -> None:
+    schedule(manager, req)
+    frees_then_free(manager, req)
 
 
 @pytest.mark.benchmark(group="long video: 4096 frames scheduled, then freed one by one")
