@@ -668,3 +668,47 @@ def test_duel_decides_like_the_twin_across_many_halvings(seed):
         freed.append(out)
     assert freed[0] == freed[1]
     assert managers[0].snapshot() == managers[1].snapshot()
+
+
+@pytest.mark.skipif(len(IMPLEMENTATIONS) < 2, reason="the Rust manager does not take policy= in this build")
+@pytest.mark.parametrize("seed", range(3))
+def test_duel_switching_orders_under_lookahead_and_held_items_matches_the_twin(seed):
+    # The Rust duel keeps lfu-ghost's lanes only while it evicts in that order, and
+    # rebuilds them when that order leads again: here the lead changes a dozen times
+    # or more, while a waiting request's marks move entries between lookahead tiers
+    # and a long-lived request holds some items, so that a rebuild meets both tiers
+    # and entries that are not evictable.
+    rng = random.Random(seed)
+    managers = [impl.values[0](40, policy="duel") for impl in IMPLEMENTATIONS]
+    sizes: dict[str, int] = {}
+    out: list[list[str]] = [[] for _ in managers]
+    waiting = request("waiting", *((f"hot{h}", 3) for h in range(0, 8, 3)))
+    k, marked = 0, False
+    for phase in range(14):
+        held = request(f"held{phase}", (f"hot{rng.randrange(8)}", 3), (f"scan{phase}-held", 2))
+        for m in managers:
+            for i in range(2):
+                if not m.check_and_update_cache(held, i):
+                    assert m.can_allocate(held, i, 1 << 40, 0)
+                    m.allocate(held, i)
+        for step in range(1200 if phase % 2 == 0 else 700):
+            k += 1
+            if phase % 2 == 0:
+                item = f"hot{rng.randrange(8)}" if step % 2 else f"scan{phase}-{step}"
+            else:
+                item = f"m{phase}-{step // 4 + rng.randrange(3)}"
+            size = sizes.setdefault(item, 3 if item.startswith("hot") else rng.randrange(1, 9))
+            if step % 97 == 0:
+                marked = not marked
+            for m, freed in zip(managers, out, strict=True):
+                if step % 97 == 0:
+                    (m.mark_waiting if marked else m.unmark_waiting)(waiting)
+                _acquire(m, f"r{k}", item, size)
+                freed += m.get_freed_mm_hashes()
+        for m, freed in zip(managers, out, strict=True):
+            m.free(held)
+            freed += m.get_freed_mm_hashes()
+    assert out[0] == out[1]
+    assert managers[0].snapshot() == managers[1].snapshot()
+    for m in managers:
+        m.check_invariants()

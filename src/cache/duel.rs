@@ -2,14 +2,20 @@
 //! two would have encoded fewer embeddings lately on the traffic this cache
 //! sees, as two shadow caches of the same size measure it (`shadows`).
 //!
-//! The evictable entries are kept in both orders at once: `lfu-ghost`'s
-//! ordered lanes (with its frequency memory) and a release-order list per
-//! lookahead tier, linked by entry index here. The victim is the head of one
-//! or the other, and leaves both. A snapshot lists the evictable entries in
-//! release order with their `lfu-ghost` priorities, so a restore rebuilds
+//! The evictable entries are always in a release-order list per lookahead
+//! tier, linked by entry index here, and each release fixes the entry's
+//! `lfu-ghost` key (priority and release number; its frequency memory is
+//! kept too). `lfu-ghost`'s ordered lanes are filled only while they are
+//! used: they are built from the list when the LFU order next evicts, and
+//! emptied once they have been kept up to date through more operations
+//! than they hold entries with no LFU eviction between. Keys are unique, so
+//! lanes rebuilt pop in the same order as lanes kept all along, and keeping
+//! them costs at most about twice what keeping them always would, while
+//! vLLM's order leads it costs nothing. A snapshot lists the evictable entries
+//! in release order with their `lfu-ghost` priorities, so a restore rebuilds
 //! both orders; the shadows and the frequency memory are not in it.
 
-use super::entries::NIL;
+use super::entries::{NIL, NO_LANE};
 use super::policies::{Entries, EvictionPolicy, GdsfMeta, GhostLfu, Policy};
 use super::shadows::Shadows;
 
@@ -20,11 +26,12 @@ struct ReleaseOrder {
     tail: [u32; 2],
     /// By entry index: (previous, next, tier) while listed.
     links: Vec<(u32, u32, u8)>,
+    len: usize,
 }
 
 impl Default for ReleaseOrder {
     fn default() -> Self {
-        Self { head: [NIL; 2], tail: [NIL; 2], links: Vec::new() }
+        Self { head: [NIL; 2], tail: [NIL; 2], links: Vec::new(), len: 0 }
     }
 }
 
@@ -45,6 +52,7 @@ impl ReleaseOrder {
             self.links[tail as usize].1 = index;
         }
         self.tail[tier] = index;
+        self.len += 1;
     }
 
     fn unlink(&mut self, index: u32) {
@@ -60,6 +68,7 @@ impl ReleaseOrder {
         } else {
             self.links[next as usize].0 = previous;
         }
+        self.len -= 1;
     }
 
     /// The oldest release of the first non-empty tier.
@@ -80,6 +89,10 @@ impl ReleaseOrder {
     }
 }
 
+/// Lane operations past the entries the lanes hold, with no LFU eviction,
+/// after which `lfu-ghost`'s lanes are emptied.
+const IDLE_LANE_OPS: usize = 64;
+
 /// `lfu-ghost`'s order and vLLM's, and the shadows that choose between them.
 #[derive(Debug, Clone, Default)]
 pub struct Duel {
@@ -88,6 +101,34 @@ pub struct Duel {
     /// Boxed: the two shadow caches would otherwise make this the largest
     /// [`EncoderCache`](super::EncoderCache) variant by far.
     shadows: Box<Shadows>,
+    /// Whether `lfu`'s lanes hold every evictable entry; else they hold none.
+    lfu_placed: bool,
+    /// Lane operations since the LFU order last evicted, while `lfu_placed`.
+    idle_lane_ops: usize,
+}
+
+impl Duel {
+    /// Counts a lane operation, emptying the lanes once they are idle.
+    fn lane_op(&mut self) {
+        self.idle_lane_ops += 1;
+        if self.idle_lane_ops > self.released.len + IDLE_LANE_OPS {
+            self.lfu.clear_places();
+            self.lfu_placed = false;
+        }
+    }
+
+    /// Fills `lfu-ghost`'s lanes with every evictable entry, by the keys their releases fixed.
+    fn place_all(&mut self, entries: &mut Entries<Self>) {
+        for tier in 0..2 {
+            let mut at = self.released.head[tier];
+            while at != NIL {
+                self.lfu.place(entries, tier, at);
+                at = self.released.links[at as usize].1;
+            }
+        }
+        self.lfu_placed = true;
+        self.idle_lane_ops = 0;
+    }
 }
 
 impl EvictionPolicy for Duel {
@@ -102,25 +143,43 @@ impl EvictionPolicy for Duel {
 
     #[allow(private_interfaces)]
     fn release(&mut self, entries: &mut Entries<Self>, index: u32, tier: usize, restored: Option<f64>) {
-        self.lfu.release(entries, index, tier, restored);
+        self.lfu.stamp(entries, index, restored);
         self.released.push_back(tier, index);
+        if self.lfu_placed {
+            self.lfu.place(entries, tier, index);
+            self.lane_op();
+        } else {
+            // Tiers are 0 and 1.
+            #[allow(clippy::cast_possible_truncation)]
+            let lane = tier as u8;
+            entries.get_mut(index).lane = lane;
+        }
     }
 
     #[allow(private_interfaces)]
     fn take_back(&mut self, entries: &mut Entries<Self>, index: u32) {
-        self.lfu.take_back(entries, index);
+        if self.lfu_placed {
+            self.lfu.unplace(entries, index);
+            self.lane_op();
+        } else {
+            entries.get_mut(index).lane = NO_LANE;
+        }
+        GhostLfu::taken_back(&mut entries.get_mut(index).meta);
         self.released.unlink(index);
     }
 
     #[allow(private_interfaces)]
     fn evict(&mut self, entries: &mut Entries<Self>) -> Option<u32> {
-        let index = if self.shadows.lfu_leads() {
-            self.lfu.evict(entries)?
-        } else {
+        if !self.shadows.lfu_leads() {
             let index = self.released.first()?;
-            self.lfu.take_back(entries, index);
-            index
-        };
+            self.take_back(entries, index);
+            return Some(index);
+        }
+        if !self.lfu_placed {
+            self.place_all(entries);
+        }
+        self.idle_lane_ops = 0;
+        let index = self.lfu.evict(entries)?;
         self.released.unlink(index);
         Some(index)
     }

@@ -200,6 +200,15 @@ impl<const N: usize> HeapLanes<N> {
         }
     }
 
+    /// Empties every lane, keeping the storage. The entries it held keep
+    /// their `lane`; their links and positions are no longer read.
+    pub(crate) fn clear(&mut self) {
+        self.runs = ListLanes::default();
+        for heap in &mut self.heaps {
+            heap.clear();
+        }
+    }
+
     /// The first non-empty lane's lowest entry.
     pub(crate) fn first<M: HeapKey>(&self, entries: &Table<Entry<M>>) -> Option<u32> {
         (0..N).find_map(|lane| match (self.runs.head(lane), self.heaps[lane].first()) {

@@ -272,6 +272,16 @@ pub struct Gdsf {
     releases: u64,
 }
 
+impl Gdsf {
+    /// Fixes a released entry's key: its priority, and its place in release order.
+    #[inline]
+    fn stamp(&mut self, meta: &mut GdsfMeta, priority: f64) {
+        self.releases += 1;
+        meta.priority = priority;
+        meta.released = self.releases;
+    }
+}
+
 impl EvictionPolicy for Gdsf {
     const POLICY: Policy = Policy::Gdsf;
     type Meta = GdsfMeta;
@@ -282,11 +292,9 @@ impl EvictionPolicy for Gdsf {
 
     #[allow(private_interfaces)]
     fn release(&mut self, entries: &mut Entries<Self>, index: u32, tier: usize, restored: Option<f64>) {
-        self.releases += 1;
         let entry = entries.get_mut(index);
-        entry.meta.priority =
-            restored.unwrap_or_else(|| self.clock + f64::from(entry.meta.frequency) * Policy::gdsf_value(entry.num_embeds));
-        entry.meta.released = self.releases;
+        let priority = restored.unwrap_or_else(|| self.clock + f64::from(entry.meta.frequency) * Policy::gdsf_value(entry.num_embeds));
+        self.stamp(&mut entry.meta, priority);
         self.lanes.push(entries, tier, index);
     }
 
@@ -429,6 +437,38 @@ pub struct GhostLfu {
     /// Its clock is never read: every release passes its priority.
     gdsf: Gdsf,
     memory: FrequencyMemory,
+}
+
+/// `lfu-ghost`'s order in parts, for [`Duel`](super::duel::Duel), which
+/// keeps its lanes filled only while it evicts in that order: a release's key
+/// is always fixed ([`Self::stamp`]), the lanes may be left empty.
+impl GhostLfu {
+    /// Fixes released entry `index`'s key, as a release does, without placing it.
+    pub(super) fn stamp(&mut self, entries: &mut Table<Entry<GdsfMeta>>, index: u32, restored: Option<f64>) {
+        let entry = entries.get_mut(index);
+        let priority = restored.unwrap_or_else(|| f64::from(entry.meta.frequency) * Policy::gdsf_value(entry.num_embeds));
+        self.gdsf.stamp(&mut entry.meta, priority);
+    }
+
+    /// Places stamped entry `index` in `tier`'s lane.
+    pub(super) fn place(&mut self, entries: &mut Table<Entry<GdsfMeta>>, tier: usize, index: u32) {
+        self.gdsf.lanes.push(entries, tier, index);
+    }
+
+    /// Takes placed entry `index` out of its lane.
+    pub(super) fn unplace(&mut self, entries: &mut Table<Entry<GdsfMeta>>, index: u32) {
+        self.gdsf.lanes.remove(entries, index);
+    }
+
+    /// What taking an entry back does to its key: it has no priority while referenced.
+    pub(super) fn taken_back(meta: &mut GdsfMeta) {
+        meta.priority = 0.0;
+    }
+
+    /// Empties the lanes.
+    pub(super) fn clear_places(&mut self) {
+        self.gdsf.lanes.clear();
+    }
 }
 
 impl EvictionPolicy for GhostLfu {
