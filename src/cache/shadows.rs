@@ -10,17 +10,19 @@
 //! never pinned there. The counts are halved every [`SHADOW_HALF_LIFE`]
 //! acquisitions, so the recent traffic decides.
 //!
-//! Both shadows keep their items in one map, so an acquisition looks its
-//! item up once; each keeps its own order (a queue of placings for the LRU
-//! one, a rising run and a heap for the LFU one), whose stale places are
-//! skipped. The Python twin (`encoder_cache.reference.shadows`) keeps the
-//! same two caches apart, by identifier, and decides the same.
+//! Both shadows keep their items in one slab of nodes, found by hash through
+//! one map, so an acquisition looks its item up once and everything after
+//! that goes by slot. The LRU shadow is a list linked through the nodes
+//! (O(1) to move or unlink); the LFU one keeps its order as a rising run and
+//! a heap of places naming slots, whose stale places (the item moved, left,
+//! or its slot was reused: every place carries a sequence number no other
+//! place has) are skipped. The Python twin (`encoder_cache.reference.shadows`)
+//! keeps the same two caches apart, by identifier, and decides the same.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use hashbrown::hash_map::EntryRef;
-
+use super::entries::NIL;
 use super::frequency_memory::FREQUENCY_MEMORY;
 use super::ghosts::{stale_outnumber_live, HashKeyed};
 use super::lanes::rank_of;
@@ -35,32 +37,40 @@ pub const SHADOW_HALF_LIFE: u32 = 4096;
 /// the real cache drift from what the LFU shadow measured.
 pub const SHADOW_NEAR_TIE: u64 = 256;
 
-/// What the shadows know of one item. It stays in the map while either
-/// holds it or the LFU one remembers its count.
-#[derive(Debug, Clone, Copy, Default)]
-struct Shadowed {
-    /// In the LRU shadow: when it was last placed there (0: not there).
-    lru_placed: u64,
-    /// Its size as the LRU shadow last saw it.
-    lru_embeds: u64,
-    /// The LFU shadow's count of it: 0 if it neither holds nor remembers it.
-    count: u32,
+/// What the shadows know of one item. Its node lives while either shadow
+/// holds the item or the LFU one remembers its count.
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    hash: u64,
+    /// In the LRU shadow: its neighbours there, older and newer ([`NIL`] at the ends).
+    lru_links: [u32; 2],
+    /// Held by the LRU shadow.
+    in_lru: bool,
     /// Held by the LFU shadow.
     held: bool,
+    /// The LFU shadow's count of it: 0 if it neither holds nor remembers it.
+    count: u32,
+    /// Its size as the LRU shadow last saw it.
+    lru_embeds: u64,
     /// Its size as the LFU shadow admitted it.
     num_embeds: u64,
     /// Held: the sequence number of its live place; remembered: when it was evicted.
     place: u64,
 }
 
-impl Shadowed {
+impl Node {
+    fn new(hash: u64) -> Self {
+        Self { hash, lru_links: [NIL, NIL], in_lru: false, held: false, count: 0, lru_embeds: 0, num_embeds: 0, place: 0 }
+    }
+
     fn remembered_since(&self, evicted: u64) -> bool {
         !self.held && self.count > 0 && self.place == evicted
     }
 }
 
-/// A place in the LFU shadow's order: (rank, sequence, hash), lowest first.
-type Place = (i64, u64, u64);
+/// A place in the LFU shadow's order: (rank, sequence, slot), lowest first.
+/// Sequences are unique, so the slot never decides the order.
+type Place = (i64, u64, u32);
 
 /// The LFU shadow's places, lowest first: a run of places pushed in rising
 /// order (as items of one size and count come), and a heap of the rest.
@@ -72,12 +82,12 @@ struct Places {
 }
 
 impl Places {
-    /// Moves the live place `(_, placed, hash)` to `place`, which is later
+    /// Moves the live place `(_, placed, slot)` to `place`, which is later
     /// in the order: in the run's last slot if it is there (the run stays
     /// rising), else as a new place, the old one left stale.
-    fn replace(&mut self, placed: u64, hash: u64, place: Place) {
+    fn replace(&mut self, placed: u64, slot: u32, place: Place) {
         match self.run.back_mut() {
-            Some(last) if (last.1, last.2) == (placed, hash) => *last = place,
+            Some(last) if (last.1, last.2) == (placed, slot) => *last = place,
             _ => self.push(place),
         }
     }
@@ -113,27 +123,53 @@ fn rank(count: u32, num_embeds: u64) -> i64 {
 }
 
 /// The two shadow caches and what each would have encoded lately.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Shadows {
-    items: HashKeyed<Shadowed>,
+    /// Item hash -> its node's slot.
+    slots: HashKeyed<u32>,
+    nodes: Vec<Node>,
+    /// Slots of `nodes` free for reuse.
+    free: Vec<u32>,
     capacity: u64,
-    /// Numbers every placing, in either shadow, and every LFU eviction.
+    /// Numbers every placing in the LFU shadow and every LFU eviction.
     sequence: u64,
-    /// The LRU shadow's (placed, hash), oldest first; live while the item's `lru_placed`.
-    lru_order: VecDeque<(u64, u64)>,
+    /// The LRU shadow's least and most recently placed items.
+    lru_ends: [u32; 2],
     lru_len: usize,
     lru_used: u64,
-    /// The LFU shadow's order; a place is live while its item is held there.
+    /// The LFU shadow's order; a place is live while its item is held there with that sequence.
     places: Places,
-    /// (when evicted, hash) of the LFU shadow's evictions, oldest first; the
+    /// (when evicted, slot) of the LFU shadow's evictions, oldest first; the
     /// last [`FREQUENCY_MEMORY`] remembered keep their counts.
-    evictions: VecDeque<(u64, u64)>,
+    evictions: VecDeque<(u64, u32)>,
     held: usize,
     remembered: usize,
     lfu_used: u64,
     /// Embeddings each would have encoded (LRU, LFU), halved every [`SHADOW_HALF_LIFE`] acquisitions.
     encoded: [u64; 2],
     acquisitions: u32,
+}
+
+impl Default for Shadows {
+    fn default() -> Self {
+        Self {
+            slots: HashKeyed::default(),
+            nodes: Vec::new(),
+            free: Vec::new(),
+            capacity: 0,
+            sequence: 0,
+            lru_ends: [NIL, NIL],
+            lru_len: 0,
+            lru_used: 0,
+            places: Places::default(),
+            evictions: VecDeque::new(),
+            held: 0,
+            remembered: 0,
+            lfu_used: 0,
+            encoded: [0, 0],
+            acquisitions: 0,
+        }
+    }
 }
 
 impl Shadows {
@@ -144,62 +180,86 @@ impl Shadows {
 
     /// The item `hash` of `num_embeds` was acquired (a hit or an allocation).
     pub(crate) fn acquire(&mut self, hash: u64, num_embeds: u64) {
-        self.sequence += 1;
-        let now = self.sequence;
-        let item = self.items.entry(hash).or_default();
-        let recency_hit = item.lru_placed != 0;
-        // Placed last already: the queue's last placing moves with it, and no stale one is left.
-        let lru_last = recency_hit && self.lru_order.back() == Some(&(item.lru_placed, hash));
-        let lfu_placed = item.place;
-        item.lru_placed = now;
-        item.lru_embeds = num_embeds;
-        let frequency_hit = item.held;
-        if frequency_hit {
-            item.count = item.count.saturating_add(1);
-        } else {
-            if item.count > 0 {
-                self.remembered -= 1;
-            }
-            *item = Shadowed { count: item.count.saturating_add(1), held: true, num_embeds, ..*item };
-        }
-        item.place = now;
-        let placed = (rank(item.count, item.num_embeds), now, hash);
-        if lru_last {
-            if let Some(last) = self.lru_order.back_mut() {
-                last.0 = now;
-            }
-        } else {
-            self.lru_order.push_back((now, hash));
-        }
-        if recency_hit {
-            self.compact_lru_if_stale();
-        } else {
-            self.lru_len += 1;
-            self.lru_used += num_embeds;
-            self.encoded[0] += num_embeds;
-            while self.lru_used > self.capacity && self.lru_len > 1 {
-                self.evict_lru();
-            }
-        }
-        if frequency_hit {
-            self.places.replace(lfu_placed, hash, placed);
-            self.compact_places_if_stale();
-        } else {
-            self.held += 1;
-            self.lfu_used += num_embeds;
-            self.encoded[1] += num_embeds;
-            self.compact_evictions_if_stale();
-            while self.lfu_used > self.capacity {
-                let Some((_, place, victim)) = self.places.pop() else { break };
-                self.evict_lfu(victim, place);
-            }
-            self.places.push(placed);
-        }
+        let slot = self.slot_of(hash);
+        self.acquire_lru(slot, num_embeds);
+        self.acquire_lfu(slot, num_embeds);
         self.acquisitions += 1;
         if self.acquisitions == SHADOW_HALF_LIFE {
             self.acquisitions = 0;
             self.encoded = self.encoded.map(|encoded| encoded / 2);
         }
+    }
+
+    /// The slot of `hash`'s node, made if it has none.
+    #[inline]
+    fn slot_of(&mut self, hash: u64) -> u32 {
+        let (nodes, free) = (&mut self.nodes, &mut self.free);
+        *self.slots.entry(hash).or_insert_with(|| {
+            if let Some(slot) = free.pop() {
+                nodes[slot as usize] = Node::new(hash);
+                slot
+            } else {
+                nodes.push(Node::new(hash));
+                u32::try_from(nodes.len() - 1).unwrap_or(NIL)
+            }
+        })
+    }
+
+    /// The LRU shadow's part: the item becomes the most recently placed.
+    #[inline]
+    fn acquire_lru(&mut self, slot: u32, num_embeds: u64) {
+        let node = &mut self.nodes[slot as usize];
+        let recency_hit = node.in_lru;
+        node.lru_embeds = num_embeds;
+        if recency_hit {
+            if self.lru_ends[1] != slot {
+                self.lru_unlink(slot);
+                self.lru_push(slot);
+            }
+            return;
+        }
+        self.lru_push(slot);
+        self.lru_len += 1;
+        self.lru_used += num_embeds;
+        self.encoded[0] += num_embeds;
+        while self.lru_used > self.capacity && self.lru_len > 1 {
+            self.evict_lru();
+        }
+    }
+
+    /// The LFU shadow's part: a hit counts and moves the item's place; a
+    /// miss admits it (resuming a remembered count) and evicts the lowest.
+    #[inline]
+    fn acquire_lfu(&mut self, slot: u32, num_embeds: u64) {
+        self.sequence += 1;
+        let now = self.sequence;
+        let node = &mut self.nodes[slot as usize];
+        let frequency_hit = node.held;
+        let lfu_placed = node.place;
+        if !frequency_hit {
+            if node.count > 0 {
+                self.remembered -= 1;
+            }
+            node.held = true;
+            node.num_embeds = num_embeds;
+        }
+        node.count = node.count.saturating_add(1);
+        node.place = now;
+        let placed = (rank(node.count, node.num_embeds), now, slot);
+        if frequency_hit {
+            self.places.replace(lfu_placed, slot, placed);
+            self.compact_places_if_stale();
+            return;
+        }
+        self.held += 1;
+        self.lfu_used += num_embeds;
+        self.encoded[1] += num_embeds;
+        self.compact_evictions_if_stale();
+        while self.lfu_used > self.capacity {
+            let Some((_, place, victim)) = self.places.pop() else { break };
+            self.evict_lfu(victim, place);
+        }
+        self.places.push(placed);
     }
 
     /// Whether the LFU shadow encoded less lately, by more than a near tie.
@@ -214,35 +274,65 @@ impl Shadows {
         self.encoded
     }
 
+    /// Appends `slot` as the most recently placed.
+    #[inline]
+    fn lru_push(&mut self, slot: u32) {
+        let newest = self.lru_ends[1];
+        let node = &mut self.nodes[slot as usize];
+        node.in_lru = true;
+        node.lru_links = [newest, NIL];
+        if newest == NIL {
+            self.lru_ends[0] = slot;
+        } else {
+            self.nodes[newest as usize].lru_links[1] = slot;
+        }
+        self.lru_ends[1] = slot;
+    }
+
+    /// Takes `slot` out of the LRU list.
+    #[inline]
+    fn lru_unlink(&mut self, slot: u32) {
+        let node = &mut self.nodes[slot as usize];
+        let [older, newer] = std::mem::replace(&mut node.lru_links, [NIL, NIL]);
+        node.in_lru = false;
+        if older == NIL {
+            self.lru_ends[0] = newer;
+        } else {
+            self.nodes[older as usize].lru_links[1] = newer;
+        }
+        if newer == NIL {
+            self.lru_ends[1] = older;
+        } else {
+            self.nodes[newer as usize].lru_links[0] = older;
+        }
+    }
+
     /// Evicts the LRU shadow's least recently placed item.
     fn evict_lru(&mut self) {
-        while let Some((placed, hash)) = self.lru_order.pop_front() {
-            if let EntryRef::Occupied(mut found) = self.items.entry_ref(&hash) {
-                let item = found.get_mut();
-                if item.lru_placed == placed {
-                    item.lru_placed = 0;
-                    self.lru_len -= 1;
-                    self.lru_used -= item.lru_embeds;
-                    if item.count == 0 {
-                        found.remove();
-                    }
-                    return;
-                }
-            }
+        let slot = self.lru_ends[0];
+        if slot == NIL {
+            return;
+        }
+        self.lru_unlink(slot);
+        self.lru_len -= 1;
+        let node = self.nodes[slot as usize];
+        self.lru_used -= node.lru_embeds;
+        if node.count == 0 {
+            self.release(slot);
         }
     }
 
     /// Evicts `victim` from the LFU shadow if `place` is its live place,
     /// remembering its count.
-    fn evict_lfu(&mut self, victim: u64, place: u64) {
-        let Some(item) = self.items.get_mut(&victim) else { return };
-        if !item.held || item.place != place {
+    fn evict_lfu(&mut self, victim: u32, place: u64) {
+        let node = &mut self.nodes[victim as usize];
+        if !node.held || node.place != place {
             return;
         }
         self.sequence += 1;
-        item.held = false;
-        item.place = self.sequence;
-        self.lfu_used -= item.num_embeds;
+        node.held = false;
+        node.place = self.sequence;
+        self.lfu_used -= node.num_embeds;
         self.held -= 1;
         self.remembered += 1;
         self.evictions.push_back((self.sequence, victim));
@@ -253,42 +343,44 @@ impl Shadows {
 
     /// Forgets the count of the item the LFU shadow evicted longest ago and still remembers.
     fn forget_oldest(&mut self) {
-        while let Some((evicted, hash)) = self.evictions.pop_front() {
-            if let EntryRef::Occupied(mut found) = self.items.entry_ref(&hash) {
-                if found.get().remembered_since(evicted) {
-                    self.remembered -= 1;
-                    if found.get().lru_placed == 0 {
-                        found.remove();
-                    } else {
-                        found.get_mut().count = 0;
-                    }
-                    return;
+        while let Some((evicted, slot)) = self.evictions.pop_front() {
+            let node = &mut self.nodes[slot as usize];
+            if node.remembered_since(evicted) {
+                self.remembered -= 1;
+                node.count = 0;
+                if !node.in_lru {
+                    self.release(slot);
                 }
+                return;
             }
         }
     }
 
-    /// Drops the LRU shadow's stale placings once they outnumber the live ones.
-    fn compact_lru_if_stale(&mut self) {
-        if stale_outnumber_live(self.lru_order.len(), self.lru_len) {
-            let items = &self.items;
-            self.lru_order.retain(|(placed, hash)| items.get(hash).is_some_and(|item| item.lru_placed == *placed));
-        }
+    /// Frees the node at `slot`, which neither shadow holds or remembers.
+    fn release(&mut self, slot: u32) {
+        let hash = self.nodes[slot as usize].hash;
+        self.slots.remove(&hash);
+        // A later item in this slot gets new sequence numbers: places naming the slot stay stale.
+        self.nodes[slot as usize].place = 0;
+        self.free.push(slot);
     }
 
     /// Keeps only the LFU shadow's live places once stale ones outnumber them.
     fn compact_places_if_stale(&mut self) {
         if stale_outnumber_live(self.places.len(), self.held) {
-            let items = &self.items;
-            self.places.retain(|(_, place, hash)| items.get(hash).is_some_and(|item| item.held && item.place == *place));
+            let nodes = &self.nodes;
+            self.places.retain(|&(_, place, slot)| {
+                let node = &nodes[slot as usize];
+                node.held && node.place == place
+            });
         }
     }
 
     /// Drops the evictions of items held again or forgotten once they outnumber the remembered ones.
     fn compact_evictions_if_stale(&mut self) {
         if stale_outnumber_live(self.evictions.len(), self.remembered) {
-            let items = &self.items;
-            self.evictions.retain(|(evicted, hash)| items.get(hash).is_some_and(|item| item.remembered_since(*evicted)));
+            let nodes = &self.nodes;
+            self.evictions.retain(|&(evicted, slot)| nodes[slot as usize].remembered_since(evicted));
         }
     }
 }
@@ -308,8 +400,9 @@ mod tests {
                 1 => 50 + i64::try_from(seq / 30).unwrap(),
                 _ => i64::try_from((seq * 7919) % 97).unwrap(),
             };
-            places.push((rank, seq, seq));
-            pushed.push((rank, seq, seq));
+            let slot = u32::try_from(seq % 7).unwrap();
+            places.push((rank, seq, slot));
+            pushed.push((rank, seq, slot));
         }
         pushed.sort_unstable();
         let popped: Vec<_> = std::iter::from_fn(|| places.pop()).collect();
