@@ -72,48 +72,76 @@ impl Node {
 /// Sequences are unique, so the slot never decides the order.
 type Place = (i64, u64, u32);
 
-/// The LFU shadow's places, lowest first: a run of places pushed in rising
-/// order (as items of one size and count come), and a heap of the rest.
-/// Places go stale when their item moves or leaves; they are skipped.
+/// The LFU shadow's places, lowest first: two runs of places, each pushed in
+/// rising order, and a heap of the rest. Items admitted once, of one size,
+/// come in rising order (one rank, rising sequence numbers), as do the places
+/// of items hit about equally often; with two runs, both of these interleaved
+/// stay out of the heap. Places go stale when their item moves or leaves;
+/// they are skipped.
 #[derive(Debug, Clone, Default)]
 struct Places {
-    run: VecDeque<Place>,
+    runs: [VecDeque<Place>; 2],
     heap: BinaryHeap<Reverse<Place>>,
 }
 
 impl Places {
     /// Moves the live place `(_, placed, slot)` to `place`, which is later
-    /// in the order: in the run's last slot if it is there (the run stays
+    /// in the order: in a run's last slot if it is there (the run stays
     /// rising), else as a new place, the old one left stale.
     fn replace(&mut self, placed: u64, slot: u32, place: Place) {
-        match self.run.back_mut() {
-            Some(last) if (last.1, last.2) == (placed, slot) => *last = place,
-            _ => self.push(place),
+        for run in &mut self.runs {
+            if let Some(last) = run.back_mut() {
+                if (last.1, last.2) == (placed, slot) {
+                    *last = place;
+                    return;
+                }
+            }
         }
+        self.push(place);
     }
 
+    /// Appends `place` to the run whose last place is the highest at or
+    /// below it, else to an empty run, else to the heap.
     fn push(&mut self, place: Place) {
-        if self.run.back().is_none_or(|&last| place >= last) {
-            self.run.push_back(place);
-        } else {
-            self.heap.push(Reverse(place));
-        }
+        let [first, second] = [self.runs[0].back().copied(), self.runs[1].back().copied()];
+        let fits = |last: Option<Place>| last.is_some_and(|last| last <= place);
+        let run = match (fits(first), fits(second)) {
+            (true, true) => usize::from(second > first),
+            (true, false) => 0,
+            (false, true) => 1,
+            (false, false) if first.is_none() => 0,
+            (false, false) if second.is_none() => 1,
+            (false, false) => {
+                self.heap.push(Reverse(place));
+                return;
+            }
+        };
+        self.runs[run].push_back(place);
     }
 
     fn pop(&mut self) -> Option<Place> {
-        match (self.run.front(), self.heap.peek()) {
-            (Some(first), Some(Reverse(lowest))) if lowest < first => self.heap.pop().map(|Reverse(place)| place),
-            (Some(_), _) => self.run.pop_front(),
-            (None, _) => self.heap.pop().map(|Reverse(place)| place),
+        let mut lowest = self.heap.peek().map(|&Reverse(place)| (place, None));
+        for (run, places) in self.runs.iter().enumerate() {
+            if let Some(&first) = places.front() {
+                if lowest.is_none_or(|(low, _)| first < low) {
+                    lowest = Some((first, Some(run)));
+                }
+            }
+        }
+        match lowest? {
+            (_, Some(run)) => self.runs[run].pop_front(),
+            (_, None) => self.heap.pop().map(|Reverse(place)| place),
         }
     }
 
     fn len(&self) -> usize {
-        self.run.len() + self.heap.len()
+        self.runs[0].len() + self.runs[1].len() + self.heap.len()
     }
 
     fn retain(&mut self, mut live: impl FnMut(&Place) -> bool) {
-        self.run.retain(&mut live);
+        for run in &mut self.runs {
+            run.retain(&mut live);
+        }
         self.heap.retain(|Reverse(place)| live(place));
     }
 }
