@@ -4,7 +4,11 @@
   each round schedules a new 16-item request item by item (check for a hit,
   can_allocate, allocate) and frees it. Half of its items come from a small
   popular set (hits, or re-encodes once evicted), half are new, so every round
-  evicts and the policy chooses;
+  evicts and the policy chooses. It is timed in its steady state: warm-up
+  rounds first evict more items than any memory of evicted items holds (the
+  re-encode counter's, ``lfu-ghost``'s and ``duel``'s counts, ARC's ghosts), so
+  each is full and forgets one item per eviction, as on a server that has run
+  for a while;
 - lookahead: ``mark_waiting`` then ``unmark_waiting`` of a 16-item request
   whose items are cached and evictable (each moves tier twice);
 - stats: one ``stats()`` call on that manager (a scheduler may call it every step).
@@ -22,12 +26,15 @@ from workloads import BUDGET, mm_hash
 
 import encoder_cache
 from encoder_cache import reference
-from encoder_cache.reference import POLICIES
+from encoder_cache.reference import EVICTED_MEMORY, POLICIES
+from encoder_cache.reference.policies import ARC_GHOST_ITEMS, FREQUENCY_MEMORY
 from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 
 ITEMS = 16
 SIZE = 64
 POPULAR = 24
+#: Rounds before the churn is timed: each evicts the request's ITEMS // 2 new items.
+STEADY_STATE = max(EVICTED_MEMORY, ARC_GHOST_ITEMS, FREQUENCY_MEMORY) // (ITEMS // 2) + 64
 
 
 def _implementations() -> dict[str, type]:
@@ -77,7 +84,7 @@ class Churn:
 @pytest.mark.parametrize("case", CASES)
 def test_churn(benchmark, case):
     churn = Churn(case)
-    for _ in range(8):  # fill the cache, so every timed round evicts (also when timing is off)
+    for _ in range(STEADY_STATE):  # every memory of evicted items full (also when timing is off)
         churn.run(*churn.next_request()[0])
     benchmark.pedantic(churn.run, setup=churn.next_request, rounds=200)
     stats = churn.manager.stats()
