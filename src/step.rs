@@ -45,12 +45,13 @@ impl Item {
     /// embedding; the other tokens (breaks, text) are not stored in the cache.
     pub fn new(identifier: Key, offset: u64, length: u64, num_embeds: u64, is_embed: Option<&[bool]>) -> Self {
         let embeds_cumsum = is_embed.map(|mask| {
-            mask.iter()
-                .scan(0u64, |n, &embed| {
-                    *n += u64::from(embed);
-                    Some(*n)
-                })
-                .collect()
+            let mut cumsum = Vec::with_capacity(mask.len());
+            let mut n = 0u64;
+            for &embed in mask {
+                n += u64::from(embed);
+                cumsum.push(n);
+            }
+            cumsum.into_boxed_slice()
         });
         Self { hash: hash_key(&identifier), identifier, offset, length, num_embeds, modality: 0, embeds_cumsum }
     }
