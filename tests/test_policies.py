@@ -674,8 +674,8 @@ def test_duel_decides_like_the_twin_across_many_halvings(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_duel_switching_orders_under_lookahead_and_held_items_matches_the_twin(seed):
     # The Rust duel keeps lfu-ghost's lanes only while it evicts in that order, and
-    # rebuilds them when that order leads again: here the lead changes a dozen times
-    # or more, while a waiting request's marks move entries between lookahead tiers
+    # rebuilds them when that order leads again: here the lead changes ten times,
+    # while a waiting request's marks move entries between lookahead tiers
     # and a long-lived request holds some items, so that a rebuild meets both tiers
     # and entries that are not evictable.
     rng = random.Random(seed)

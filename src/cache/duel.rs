@@ -164,7 +164,7 @@ impl EvictionPolicy for Duel {
         } else {
             entries.get_mut(index).lane = NO_LANE;
         }
-        GhostLfu::taken_back(&mut entries.get_mut(index).meta);
+        entries.get_mut(index).meta.taken_back();
         self.released.unlink(index);
     }
 

@@ -256,6 +256,11 @@ impl GdsfMeta {
     fn with_frequency(frequency: u32) -> Self {
         Self { frequency, ..Self::default() }
     }
+
+    /// Taken back (referenced again): it has no priority while referenced.
+    pub(super) fn taken_back(&mut self) {
+        self.priority = 0.0;
+    }
 }
 
 impl HeapKey for GdsfMeta {
@@ -301,7 +306,7 @@ impl EvictionPolicy for Gdsf {
     #[allow(private_interfaces)]
     fn take_back(&mut self, entries: &mut Entries<Self>, index: u32) {
         self.lanes.remove(entries, index);
-        entries.get_mut(index).meta.priority = 0.0;
+        entries.get_mut(index).meta.taken_back();
     }
 
     #[allow(private_interfaces)]
@@ -460,11 +465,6 @@ impl GhostLfu {
         self.gdsf.lanes.remove(entries, index);
     }
 
-    /// What taking an entry back does to its key: it has no priority while referenced.
-    pub(super) fn taken_back(meta: &mut GdsfMeta) {
-        meta.priority = 0.0;
-    }
-
     /// Empties the lanes.
     pub(super) fn clear_places(&mut self) {
         self.gdsf.lanes.clear();
@@ -481,9 +481,8 @@ impl EvictionPolicy for GhostLfu {
 
     #[allow(private_interfaces)]
     fn release(&mut self, entries: &mut Entries<Self>, index: u32, tier: usize, restored: Option<f64>) {
-        let entry = entries.get(index);
-        let priority = restored.unwrap_or_else(|| f64::from(entry.meta.frequency) * Policy::gdsf_value(entry.num_embeds));
-        self.gdsf.release(entries, index, tier, Some(priority));
+        self.stamp(entries, index, restored);
+        self.place(entries, tier, index);
     }
 
     #[allow(private_interfaces)]

@@ -388,8 +388,8 @@ impl Shadows {
     fn release(&mut self, slot: u32) {
         let hash = self.nodes[slot as usize].hash;
         self.slots.remove(&hash);
-        // A later item in this slot gets new sequence numbers: places naming the slot stay stale.
-        self.nodes[slot as usize].place = 0;
+        // A freed node is neither held nor counted, so the places and evictions naming its slot
+        // are stale, and a later item there gets new sequence numbers.
         self.free.push(slot);
     }
 
