@@ -170,20 +170,25 @@ def test_is_embed_masks_in_any_form(cls: type, mask: Any) -> None:
 
 
 class TensorMask:
-    """A torch bool tensor's reading surface: ``numpy()`` and ``tolist()``,
-    counting which one the manager used."""
+    """A torch tensor's reading surface: ``numpy()`` and ``tolist()``,
+    counting which one the manager used. ``dtype`` is the numpy view's; a
+    tensor off the CPU (``on_cpu=False``) refuses ``numpy()`` as torch does."""
 
-    def __init__(self, values: list[bool]) -> None:
+    def __init__(self, values: list[bool], dtype: Any = bool, on_cpu: bool = True) -> None:
         self.values = values
+        self.dtype = dtype
+        self.on_cpu = on_cpu
         self.used: list[str] = []
 
     def numpy(self) -> Any:
         self.used.append("numpy")
-        return np.asarray(self.values, dtype=bool)
+        if not self.on_cpu:
+            raise TypeError("can't convert cuda:0 device type tensor to numpy")
+        return np.asarray(self.values, dtype=self.dtype)
 
-    def tolist(self) -> list[bool]:
+    def tolist(self) -> list[Any]:
         self.used.append("tolist")
-        return list(self.values)
+        return [self.dtype(v) if self.dtype is not bool else v for v in self.values]
 
     def __len__(self) -> int:
         return len(self.values)
@@ -195,12 +200,18 @@ class TensorMask:
 
 @pytest.mark.parametrize("cls", SHARED, ids=ids)
 @pytest.mark.parametrize("length", [8, 64, 65, 600])
-def test_tensor_masks_short_and_long(cls: type, length: int) -> None:
-    """A tensor mask is read once, by ``tolist()`` up to 64 entries and by
-    ``numpy()`` past that; either way the embeddings are its true entries and
-    a step covering only its break tokens encodes nothing."""
+@pytest.mark.parametrize(
+    ("dtype", "on_cpu", "reads"),
+    [(bool, True, ["numpy"]), (np.int64, True, ["numpy", "tolist"]), (bool, False, ["numpy", "tolist"])],
+    ids=["bool", "int64", "off-cpu"],
+)
+def test_tensor_masks(cls: type, length: int, dtype: Any, on_cpu: bool, reads: list[str]) -> None:
+    """A bool tensor mask is read once, as its numpy view's bytes, at any
+    length; one whose entries are not a byte each, or that has no numpy view,
+    is read through ``tolist()``. Either way the embeddings are its true
+    entries and a step covering only its break tokens encodes nothing."""
     values = [i % 3 != 0 for i in range(length)]  # a break token every third
-    mask = TensorMask(values)
+    mask = TensorMask(values, dtype, on_cpu)
     position = ArrayPlaceholder(0, length, values)
     position.is_embed = mask
     manager = cls(1000)
@@ -209,7 +220,7 @@ def test_tensor_masks_short_and_long(cls: type, length: int) -> None:
     assert manager.try_schedule_encoder_inputs(req, 0, length, 1000) == ([0], length, 1000 - sum(values), [], [])
     if cls.__module__.startswith("encoder_cache.reference"):
         return  # the twin reads masks with numpy
-    assert mask.used == (["tolist"] if length <= 64 else ["numpy"])
+    assert mask.used == reads
 
 
 def test_a_mask_of_the_wrong_length_is_refused() -> None:

@@ -13,7 +13,7 @@ from typing_extensions import Self, disjoint_base
 class _Placeholder(Protocol):
     offset: int
     length: int
-    # None, a sequence of bools, or anything with .tolist() (vLLM: a torch bool tensor).
+    # None, a sequence of bools, an array, or anything with .tolist() (vLLM: a torch bool tensor).
     is_embed: Any
     def get_num_embeds(self) -> int: ...
 

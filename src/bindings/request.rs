@@ -144,37 +144,23 @@ pub(crate) fn known_unmasked_length(feature: &Bound<'_, PyAny>) -> Option<u64> {
     count(&position.getattr(intern!(py, "length")).ok()?, "mm_position.length").ok()
 }
 
-/// Masks of up to this many entries that are torch tensors are read with
-/// `tolist()`, longer ones through `numpy()` (each then with `bytes()`). A
-/// step-level call for an item seen first, with a bool tensor mask, took
-/// about 1.6 µs plus 17 ns a mask entry through `tolist()` and 2.4 µs plus
-/// 4 ns through `numpy()`; they cross near 60 entries.
-const SHORT_TENSOR_MASK: u64 = 64;
-
 /// An `mm_position.is_embed` mask of a placeholder of `length` tokens, or
-/// None without one. Read in one call where the mask allows it: a short
-/// torch tensor through `tolist()`, a longer one through `numpy()`, then
-/// either of those, an array or a list of bools through `bytes()` (one byte
-/// per entry, non-zero where true). Anything else, or a mask whose entries
-/// are not byte-sized ints, is read entry by entry, each entry's truth as
-/// Python sees it.
+/// None without one. Read as bytes in one call where the mask allows it
+/// (one byte per entry, non-zero where true): a torch tensor through
+/// `numpy().tobytes()`, an array through `tobytes()`, a list or tuple of
+/// bools or small ints through `bytes()`. Anything else, or a mask whose
+/// entries are not one byte each (an int64 tensor, floats, `None`), is read
+/// entry by entry, each entry's truth as Python sees it.
 pub(crate) fn read_mask(is_embed: &Bound<'_, PyAny>, length: u64) -> PyResult<Option<Vec<bool>>> {
     if is_embed.is_none() {
         return Ok(None);
     }
-    let py = is_embed.py();
-    let short_tensor = length <= SHORT_TENSOR_MASK && is_embed.hasattr(intern!(py, "numpy"))?;
-    let listed = if short_tensor { Some(is_embed.call_method0(intern!(py, "tolist"))?) } else { None };
-    let mask = match mask_bytes(listed.as_ref().unwrap_or(is_embed))? {
-        Some(bytes) if bytes.len() as u64 == length => bytes.into_iter().map(|b| b != 0).collect(),
-        _ => {
-            let values = match listed {
-                Some(values) => values,
-                None if is_embed.hasattr(intern!(py, "tolist"))? => is_embed.call_method0(intern!(py, "tolist"))?,
-                None => is_embed.clone(),
-            };
-            truths(&values)?
-        }
+    let mask = match mask_bytes(is_embed)? {
+        Some(bytes) if bytes.as_bytes().len() as u64 == length => bytes.as_bytes().iter().map(|&b| b != 0).collect(),
+        _ => match is_embed.getattr_opt(intern!(is_embed.py(), "tolist"))? {
+            Some(tolist) => truths(&tolist.call0()?)?,
+            None => truths(is_embed)?,
+        },
     };
     if mask.len() as u64 != length {
         return Err(PyValueError::new_err(format!("mm_position.is_embed has {} entries for a placeholder of length {length}", mask.len())));
@@ -203,26 +189,21 @@ fn truths(values: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
 }
 
 /// The mask's bytes in one call, where its type allows: None to read it entry by entry.
-fn mask_bytes(is_embed: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
+fn mask_bytes<'py>(is_embed: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, pyo3::types::PyBytes>>> {
     let py = is_embed.py();
-    let array = if is_embed.is_instance_of::<PyList>() || is_embed.is_instance_of::<pyo3::types::PyTuple>() {
-        is_embed.clone()
-    } else if is_embed.hasattr(intern!(py, "numpy"))? {
+    let bytes = if is_embed.is_instance_of::<PyList>() || is_embed.is_instance_of::<pyo3::types::PyTuple>() {
+        py.get_type::<pyo3::types::PyBytes>().call1((is_embed,))
+    } else if let Some(numpy) = is_embed.getattr_opt(intern!(py, "numpy"))? {
         // A torch tensor: its numpy view (CPU tensors only; others are read entry by entry).
-        match is_embed.call_method0(intern!(py, "numpy")) {
-            Ok(array) => array,
-            Err(err) if err.is_instance_of::<pyo3::exceptions::PyException>(py) => return Ok(None),
-            Err(err) => return Err(err),
-        }
-    } else if is_embed.hasattr(intern!(py, "tobytes"))? {
-        is_embed.clone()
+        numpy.call0().and_then(|array| array.call_method0(intern!(py, "tobytes")))
+    } else if let Some(tobytes) = is_embed.getattr_opt(intern!(py, "tobytes"))? {
+        tobytes.call0()
     } else {
         return Ok(None);
     };
-    let bytes = py.get_type::<pyo3::types::PyBytes>().call1((array,));
     match bytes {
-        Ok(bytes) => Ok(Some(bytes.cast_into::<pyo3::types::PyBytes>()?.as_bytes().to_vec())),
-        // Entries that are not byte-sized ints (floats, None, 256): read one by one.
+        Ok(bytes) => Ok(bytes.cast_into::<pyo3::types::PyBytes>().ok()),
+        // Entries that are not byte-sized ints (floats, None, 256), or a tensor off the CPU.
         Err(err) if err.is_instance_of::<pyo3::exceptions::PyException>(py) => Ok(None),
         Err(err) => Err(err),
     }
