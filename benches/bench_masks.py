@@ -5,7 +5,8 @@ scheduler's per-item loop over vLLM's own manager (``vllm``), which calls the
 placeholder's ``get_num_embeds()`` (its first call runs torch's ``cumsum``).
 
 - ``read: tolist+bytes``, ``read: numpy+bytes``, ``read: numpy().tobytes()``:
-  the mask's bytes through each route (the bindings use the last);
+  the mask's bytes through each route (the bindings take the first for
+  masks of up to 64 entries, the last for longer ones);
 - ``first sight``: one step-level call for a request and placeholder never
   seen before, each round on fresh objects (``vllm`` and ``rust``).
 
@@ -25,7 +26,7 @@ from encoder_cache import Request
 torch = pytest.importorskip("torch")
 vllm_inputs = pytest.importorskip("vllm.multimodal.inputs")
 
-LENGTHS = [48, 128, 600, 4096]
+LENGTHS = [24, 48, 128, 600, 4096]
 BUDGET = 1 << 40
 ROUNDS = 2000
 

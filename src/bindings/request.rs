@@ -144,22 +144,44 @@ pub(crate) fn known_unmasked_length(feature: &Bound<'_, PyAny>) -> Option<u64> {
     count(&position.getattr(intern!(py, "length")).ok()?, "mm_position.length").ok()
 }
 
+/// Masks of up to this many entries that are torch tensors are read with
+/// `tolist()`, longer ones through their numpy view. Alone the two cost
+/// about the same at 48 entries (`benches/bench_masks.py`), but inside
+/// vLLM's real step the numpy route's fixed cost (torch's dispatcher, cold
+/// there) is higher: with it for masks of 16 to 32 entries,
+/// `image-sets-3-turns`'s encoder methods took about 20% longer.
+const SHORT_TENSOR_MASK: u64 = 64;
+
 /// An `mm_position.is_embed` mask of a placeholder of `length` tokens, or
 /// None without one. Read as bytes in one call where the mask allows it
-/// (one byte per entry, non-zero where true): a torch tensor through
-/// `numpy().tobytes()`, an array through `tobytes()`, a list or tuple of
-/// bools or small ints through `bytes()`. Anything else, or a mask whose
-/// entries are not one byte each (an int64 tensor, floats, `None`), is read
-/// entry by entry, each entry's truth as Python sees it.
+/// (one byte per entry, non-zero where true): a short torch tensor through
+/// `bytes(tolist())`, a longer one through `numpy().tobytes()`, an array
+/// through `tobytes()`, a list or tuple of bools or small ints through
+/// `bytes()`. Anything else, or a mask whose entries are not one byte each
+/// (an int64 tensor, floats, `None`), is read entry by entry, each entry's
+/// truth as Python sees it.
 pub(crate) fn read_mask(is_embed: &Bound<'_, PyAny>, length: u64) -> PyResult<Option<Vec<bool>>> {
     if is_embed.is_none() {
         return Ok(None);
     }
-    let mask = match mask_bytes(is_embed)? {
+    let py = is_embed.py();
+    let tolist = if length <= SHORT_TENSOR_MASK && is_embed.hasattr(intern!(py, "numpy"))? {
+        is_embed.getattr_opt(intern!(py, "tolist"))?
+    } else {
+        None
+    };
+    let listed = match tolist {
+        Some(tolist) => Some(tolist.call0()?),
+        None => None,
+    };
+    let mask = match mask_bytes(listed.as_ref().unwrap_or(is_embed))? {
         Some(bytes) if bytes.as_bytes().len() as u64 == length => bytes.as_bytes().iter().map(|&b| b != 0).collect(),
-        _ => match is_embed.getattr_opt(intern!(is_embed.py(), "tolist"))? {
-            Some(tolist) => truths(&tolist.call0()?)?,
-            None => truths(is_embed)?,
+        _ => match listed {
+            Some(values) => truths(&values)?,
+            None => match is_embed.getattr_opt(intern!(py, "tolist"))? {
+                Some(tolist) => truths(&tolist.call0()?)?,
+                None => truths(is_embed)?,
+            },
         },
     };
     if mask.len() as u64 != length {
