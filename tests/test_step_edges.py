@@ -200,7 +200,9 @@ class TensorMask:
 
 @pytest.mark.parametrize("cls", SHARED, ids=ids)
 @pytest.mark.parametrize("length", [8, 64, 65, 600])
-@pytest.mark.parametrize(("dtype", "on_cpu"), [(bool, True), (np.int64, True), (bool, False)], ids=["bool", "int64", "off-cpu"])
+@pytest.mark.parametrize(
+    ("dtype", "on_cpu"), [(bool, True), (np.int64, True), (bool, False)], ids=["bool", "int64", "off-cpu"]
+)
 def test_tensor_masks(cls: type, length: int, dtype: Any, on_cpu: bool) -> None:
     """A tensor mask is read once: by ``tolist()`` up to 64 entries, and past
     that as its numpy view's bytes, or through ``tolist()`` when its entries
