@@ -209,6 +209,32 @@ def test_entries_a_waiting_request_needs_are_evicted_last(make, policy):
     m.check_invariants()
 
 
+@pytest.mark.parametrize(("num_computed_tokens", "marked"), [(0, ["a", "b"]), (10, ["b"]), (12, ["b"]), (24, [])])
+def test_items_inside_the_cached_prefix_are_not_marked(make, num_computed_tokens, marked):
+    """Item ``a`` covers tokens 0-9 and ``b`` 12-21: a request starting at
+    ``num_computed_tokens`` never looks up an item that ends at or before it,
+    so only the others keep their entries from going first."""
+    m = make(30)
+    for k, item in enumerate(["a", "b", "c"]):
+        admit(m, f"r{k}", item, 10)
+    free(m, "r0", "r1", "r2")
+    m.mark_waiting(request("w", ("a", 10), ("b", 10)), num_computed_tokens)
+    assert m.snapshot()["waiting"] == {"w": marked}
+    unmarked = [item for item in ["a", "b", "c"] if item not in marked]
+    assert evict_for(m, 30) == unmarked + marked, "unmarked entries go first, each tier oldest first"
+    m.check_invariants()
+
+
+def test_a_negative_start_is_refused_and_changes_nothing(make):
+    m = make(20)
+    before = m.snapshot()
+    with pytest.raises(ValueError, match="num_computed_tokens must be >= 0, got -1"):
+        m.mark_waiting(request("w", ("a", 10)), -1)
+    with pytest.raises(TypeError):
+        m.mark_waiting(request("w", ("a", 10)), "0")  # type: ignore[arg-type]
+    assert m.snapshot() == before
+
+
 def test_bad_marks_change_nothing_and_reset_drops_the_marks(make):
     m = make(20, policy="gdsf")
     admit(m, "r", "a", 10)

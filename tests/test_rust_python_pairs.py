@@ -265,6 +265,9 @@ CACHE_CASES = {
     "embeds negative": (_busy, lambda m: m.can_allocate(OddRequest("r", ["a"], [-2]), 0, 9, 0)),
     "embeds too large": (_busy, lambda m: m.can_allocate(OddRequest("r", ["a"], [2**64]), 0, 9, 0)),
     "waiting identifier not str": (_busy, lambda m: m.mark_waiting(OddRequest("w", [None], [1]))),
+    "waiting start negative": (_busy, lambda m: m.mark_waiting(make_request("w", ["img0"], [4]), -1)),
+    "waiting offset not int": (_busy, lambda m: m.mark_waiting(_odd_position("offset"), 1)),
+    "waiting length negative": (_busy, lambda m: m.mark_waiting(_odd_position("length", -4), 1)),
     "step allocate out of range": (
         _busy,
         lambda m: m.allocate_encoder_inputs(make_request("r", ["a"], [1]), [0, 3], []),
@@ -294,6 +297,15 @@ def _error(make, call, cls) -> str:
         manager = make(cls)
         call(manager)
     return f"{type(excinfo.value).__name__}: {excinfo.value}"
+
+
+def _odd_position(field: str, value: object = "4") -> Request:
+    """A waiting request whose one placeholder has a bad ``offset`` or ``length``."""
+    position = _Placeholder(0, 4, None)
+    setattr(position, field, value)
+    feature = MultiModalFeature("img0", PlaceholderRange(0, 4))
+    object.__setattr__(feature, "mm_position", position)
+    return Request("w", [feature])
 
 
 def _case_errors(name: str) -> tuple[str, str]:

@@ -68,9 +68,9 @@ class _Recording(reference.EncoderCacheManager):
         self.calls = []
         _Recording.made.append(self)
 
-    def mark_waiting(self, request):
+    def mark_waiting(self, request, num_computed_tokens=0):
         self.calls.append(("mark", request.request_id))
-        return super().mark_waiting(request)
+        return super().mark_waiting(request, num_computed_tokens)
 
     def unmark_waiting(self, request):
         self.calls.append(("unmark", request.request_id))

@@ -101,6 +101,31 @@ def test_every_policy_with_lookahead_follows_the_waiting_queue(model, policy, as
     assert manager.num_freeable_slots == manager.cache_size
 
 
+def test_lookahead_leaves_items_of_the_cached_prefix_unmarked(model):
+    """A turn that re-sends an earlier turn's image after the same text finds
+    it in the KV prefix cache and never looks it up: its waiting mark holds
+    only its new image. A request with other text before the same image
+    marks both."""
+    scheduler = harness.build_scheduler(
+        "scheduler", model, SETUP, manager_cls=MANAGER, manager_config={"lookahead": True}
+    )
+    manager = scheduler.encoder_cache_manager
+    old, new = harness.Image("old", 48), harness.Image("new", 48)
+    text = tuple(range(100, 132))  # two full blocks before the first image
+    first = harness.RequestSpec("turn-1", 0, (*text, old, *range(200, 220)), max_tokens=2)
+    assert harness.run(scheduler, [first]).steps, "the first turn runs and leaves its blocks cached"
+    second = harness.RequestSpec("turn-2", 0, (*text, old, *range(200, 220), new, 9), max_tokens=2)
+    other = harness.RequestSpec("other", 0, (*range(300, 332), old, new, 9), max_tokens=2)
+    for spec in (second, other):
+        scheduler.add_request(harness.make_request(spec))
+    output = scheduler.schedule()
+    assert manager.snapshot()["waiting"] == {"turn-2": ["new"], "other": ["old", "new"]}
+    scheduled = output.num_scheduled_tokens
+    assert scheduled["turn-2"] < scheduled["other"], "turn-2 starts past its cached prefix, as its mark said"
+    scheduler.update_from_output(output, harness.fake_model_output(scheduler, output))
+    manager.check_invariants()
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_lookahead_under_vllms_own_scheduler_is_refused_at_startup(model, async_scheduling):
     setup = harness.Setup(**{**SETUP.__dict__, "async_scheduling": async_scheduling})

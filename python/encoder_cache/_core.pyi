@@ -188,13 +188,18 @@ class EncoderCacheManager:
     @property
     def policy(self) -> str:
         """The eviction policy's name, one of `encoder_cache.POLICIES`."""
-    def mark_waiting(self, request: _Request) -> None:
+    def mark_waiting(self, request: _Request, num_computed_tokens: int = 0) -> None:
         """Record that `request`, waiting to be scheduled, will need its items:
         until `unmark_waiting(request)`, an unreferenced entry it needs is
         evicted only after every unreferenced entry no waiting request needs.
 
+        `num_computed_tokens` is where the request will start: the tokens its
+        cached KV prefix covers. An item whose placeholder ends there or
+        before is never looked up, so it is not marked.
+
         Marks apply to items not cached yet too. Raises ValueError, changing
-        nothing, if the request is marked already.
+        nothing, if the request is marked already or `num_computed_tokens` is
+        negative.
         """
     def unmark_waiting(self, request: _Request) -> None:
         """Drop `request`'s waiting mark (it was scheduled, aborted or finished).

@@ -289,7 +289,9 @@ class _StepLevelEncoderInputs:
     def _mark_waiting_requests(self) -> None:
         """Keeps the manager's lookahead marks equal to the waiting queue's
         requests with encoder inputs (new, and preempted ones put back),
-        before the step's evictions: O(waiting requests) per step."""
+        before the step's evictions: O(waiting requests) per step, and one
+        prefix-cache lookup per request marked. Items inside a request's
+        cached KV prefix, which it will never look up, are not marked."""
         manager = self.encoder_cache_manager
         marked: dict[str, Any] = self.__dict__.setdefault("_waiting_marks", {})
         waiting = {}
@@ -301,8 +303,18 @@ class _StepLevelEncoderInputs:
             manager.unmark_waiting(marked.pop(request_id))
         for request_id, request in waiting.items():
             if request_id not in marked:
-                manager.mark_waiting(request)
+                manager.mark_waiting(request, self._cached_prefix_tokens(request))
                 marked[request_id] = request
+
+    def _cached_prefix_tokens(self, request: Any) -> int:
+        """Where waiting ``request`` would start now: the tokens its KV
+        prefix-cache hit covers (found as vLLM's admission finds it, short of
+        the last prompt token), or its computed tokens if more."""
+        kv_cache = self.kv_cache_manager
+        hit = 0
+        if kv_cache.prefix_cache_lookup_enabled(request):
+            _, hit, _ = kv_cache.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        return max(hit, request.num_computed_tokens)
 
     def _try_schedule_encoder_inputs(
         self,

@@ -59,14 +59,32 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
     /// until `unmark_waiting(request)`, an unreferenced entry it needs is
     /// evicted only after every unreferenced entry no waiting request needs.
     ///
+    /// `num_computed_tokens` is where the request will start: the tokens its
+    /// cached KV prefix covers. An item whose placeholder ends there or
+    /// before is never looked up, so it is not marked.
+    ///
     /// Marks apply to items not cached yet too. Raises ValueError, changing
-    /// nothing, if the request is marked already.
-    fn mark_waiting(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// nothing, if the request is marked already or `num_computed_tokens` is
+    /// negative.
+    #[pyo3(signature = (request, num_computed_tokens = 0))]
+    fn mark_waiting(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, num_computed_tokens: i64) -> PyResult<()> {
+        let start = u64::try_from(num_computed_tokens)
+            .map_err(|_| PyValueError::new_err(format!("num_computed_tokens must be >= 0, got {num_computed_tokens}")))?;
         let id = request_id(request)?;
-        let identifiers = features(request)?
-            .try_iter()?
-            .map(|feature| Ok(Key::from(identifier_of(&feature?)?.to_str()?)))
-            .collect::<PyResult<Vec<Key>>>()?;
+        let py = slf.py();
+        let mut identifiers = Vec::new();
+        for feature in features(request)?.try_iter()? {
+            let feature = feature?;
+            if start > 0 {
+                let position = feature.getattr(intern!(py, "mm_position"))?;
+                let offset = count(&position.getattr(intern!(py, "offset"))?, "mm_position.offset")?;
+                let length = count(&position.getattr(intern!(py, "length"))?, "mm_position.length")?;
+                if offset.saturating_add(length) <= start {
+                    continue; // inside the cached prefix
+                }
+            }
+            identifiers.push(Key::from(identifier_of(&feature)?.to_str()?));
+        }
         Ok(slf.try_borrow_mut()?.cache.mark_waiting(id.to_str()?, identifiers)?)
     }
 

@@ -145,13 +145,22 @@ class EncoderCacheManager(StepLevelAPI):
 
     # Lookahead.
 
-    def mark_waiting(self, request: Any) -> None:
+    def mark_waiting(self, request: Any, num_computed_tokens: int = 0) -> None:
         """Record that waiting ``request`` will need its items: until
         ``unmark_waiting``, they are evicted only after every evictable entry
-        no waiting request needs. ValueError if it is marked already."""
+        no waiting request needs. Items whose placeholders end at or before
+        ``num_computed_tokens`` (its cached KV prefix) are never looked up and
+        stay unmarked. ValueError if it is marked already."""
+        start = count(num_computed_tokens, "num_computed_tokens")
         request_id = read_request_id(request)
         identifiers = list(
-            dict.fromkeys(request_str(f.identifier, "mm_features[i].identifier") for f in request.mm_features)
+            dict.fromkeys(
+                request_str(f.identifier, "mm_features[i].identifier")
+                for f in request.mm_features
+                if not start
+                or count(f.mm_position.offset, "mm_position.offset") + count(f.mm_position.length, "mm_position.length")
+                > start
+            )
         )
         if request_id in self.waiting:
             raise ValueError(f"request '{request_id}' is already marked waiting")

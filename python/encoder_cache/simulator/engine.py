@@ -121,7 +121,8 @@ class _Run:
     def _sync_marks(self) -> None:
         """Lookahead: mark the waiting queue's requests, as ``encoder_cache.vllm``'s
         scheduler subclasses do at the start of every step (requests admitted
-        or finished since are unmarked, new and preempted ones marked)."""
+        or finished since are unmarked, new and preempted ones marked, each
+        from where its cached KV prefix ends then)."""
         marked = self.marked
         waiting = {live.spec.request_id: live for live in self.waiting if live.starts}
         start = perf_counter()
@@ -129,7 +130,8 @@ class _Run:
             self.manager.unmark_waiting(marked.pop(request_id).request)
         for request_id, live in waiting.items():
             if request_id not in marked:
-                self.manager.mark_waiting(live.request)
+                cached = self.pool.longest_prefix(live.hasher.upto((live.num_tokens - 1) // BLOCK_SIZE))
+                self.manager.mark_waiting(live.request, len(cached) * BLOCK_SIZE)
                 marked[request_id] = live
         self.bookkeeping += perf_counter() - start
 
