@@ -11,7 +11,7 @@ use super::calls::{with_input, with_request_id, Needs};
 use super::events::PyEventBatch;
 use super::methods::manager_methods;
 use super::modality;
-use super::request::{count, features, identifier, identifier_of, input_index, request_id};
+use super::request::{count, features, identifier, identifier_of, input_index, request_id, span_of};
 use super::shared::ManagerState;
 use super::state::{cache_state_from_dict, cache_state_to_dict};
 use crate::cache::{Counters, EncoderCache, Key, Policy, DEFAULT_MAX_PENDING};
@@ -76,9 +76,7 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
         for feature in features(request)?.try_iter()? {
             let feature = feature?;
             if start > 0 {
-                let position = feature.getattr(intern!(py, "mm_position"))?;
-                let offset = count(&position.getattr(intern!(py, "offset"))?, "mm_position.offset")?;
-                let length = count(&position.getattr(intern!(py, "length"))?, "mm_position.length")?;
+                let (offset, length) = span_of(&feature.getattr(intern!(py, "mm_position"))?)?;
                 if offset.saturating_add(length) <= start {
                     continue; // inside the cached prefix
                 }

@@ -107,6 +107,14 @@ pub(crate) fn count(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     u64::try_from(n).map_err(|_| PyValueError::new_err(format!("{what} must be >= 0, got {n}")))
 }
 
+/// `(offset, length)` of a placeholder (`mm_features[i].mm_position`).
+pub(crate) fn span_of(position: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
+    let py = position.py();
+    let offset = count(&position.getattr(intern!(py, "offset"))?, "mm_position.offset")?;
+    let length = count(&position.getattr(intern!(py, "length"))?, "mm_position.length")?;
+    Ok((offset, length))
+}
+
 pub(crate) fn num_embeds(request: &Bound<'_, PyAny>, input_id: usize) -> PyResult<u64> {
     let n = request_attr(request, intern!(request.py(), "get_num_encoder_embeds"))?.call1((input_id,))?;
     count(&n, "request.get_num_encoder_embeds()")
@@ -165,15 +173,8 @@ pub(crate) fn read_mask(is_embed: &Bound<'_, PyAny>, length: u64) -> PyResult<Op
         return Ok(None);
     }
     let py = is_embed.py();
-    let tolist = if length <= SHORT_TENSOR_MASK && is_embed.hasattr(intern!(py, "numpy"))? {
-        is_embed.getattr_opt(intern!(py, "tolist"))?
-    } else {
-        None
-    };
-    let listed = match tolist {
-        Some(tolist) => Some(tolist.call0()?),
-        None => None,
-    };
+    let short_tensor = length <= SHORT_TENSOR_MASK && is_embed.hasattr(intern!(py, "numpy"))?;
+    let listed = if short_tensor { Some(is_embed.call_method0(intern!(py, "tolist"))?) } else { None };
     let mask = match mask_bytes(listed.as_ref().unwrap_or(is_embed))? {
         Some(bytes) if bytes.as_bytes().len() as u64 == length => bytes.as_bytes().iter().map(|&b| b != 0).collect(),
         _ => match listed {

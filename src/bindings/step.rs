@@ -30,7 +30,7 @@ use pyo3::types::{PyList, PyTuple};
 use pyo3::PyClass;
 
 use super::records::{RequestRecord, StepItems};
-use super::request::{count, expect_str, features, input_index, modality_of, read_mask, request_id};
+use super::request::{expect_str, features, input_index, modality_of, read_mask, request_id, span_of};
 use super::shared::{write, ManagerState};
 use crate::cache::Key;
 use crate::step::{self, Item, Scheduled, StepArgs, StepCache};
@@ -90,8 +90,7 @@ fn read_position<'py>(
     let py = features.py();
     let feature = features.get_item(input_id)?;
     let position = feature.getattr(intern!(py, "mm_position"))?;
-    let offset = count(&position.getattr(intern!(py, "offset"))?, "mm_position.offset")?;
-    let length = count(&position.getattr(intern!(py, "length"))?, "mm_position.length")?;
+    let (offset, length) = span_of(&position)?;
     let input = &mut record.inputs[input_id];
     if !input.feature.as_ref().is_some_and(|f| f.is(&feature)) {
         *input = super::records::InputRecord { feature: Some(feature.clone().unbind()), ..Default::default() };

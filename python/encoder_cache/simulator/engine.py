@@ -130,8 +130,7 @@ class _Run:
             self.manager.unmark_waiting(marked.pop(request_id).request)
         for request_id, live in waiting.items():
             if request_id not in marked:
-                cached = self.pool.longest_prefix(live.hasher.upto((live.num_tokens - 1) // BLOCK_SIZE))
-                self.manager.mark_waiting(live.request, len(cached) * BLOCK_SIZE)
+                self.manager.mark_waiting(live.request, len(self._cached_prefix(live)) * BLOCK_SIZE)
                 marked[request_id] = live
         self.bookkeeping += perf_counter() - start
 
@@ -258,6 +257,11 @@ class _Run:
         if self.progress is not None and before // 64 != self.counters.steps // 64:
             self.progress(self.counters.requests)
 
+    def _cached_prefix(self, live: Live) -> list[int]:
+        """The blocks of ``live``'s prompt in the prefix cache now: full blocks,
+        never the last token (it must be computed)."""
+        return self.pool.longest_prefix(live.hasher.upto((live.num_tokens - 1) // BLOCK_SIZE))
+
     def _try_schedule(
         self, live: Live, computed: int, num_new_tokens: int, budget: int
     ) -> tuple[int, list[int], int, list[int], list[int]]:
@@ -327,8 +331,7 @@ class _Run:
                     skipped.append(self.waiting.popleft())
                     continue
                 request = live.request
-                # The cached prefix: full blocks, never the last token (it must be computed).
-                cached = pool.longest_prefix(live.hasher.upto((live.num_tokens - 1) // BLOCK_SIZE))
+                cached = self._cached_prefix(live)
                 computed = len(cached) * BLOCK_SIZE
                 num_new = min(live.num_tokens - computed, token_budget)
                 num_new, to_encode, budget_after, repeated, to_load = self._try_schedule(
