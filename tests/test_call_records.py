@@ -133,6 +133,42 @@ def test_a_grown_feature_list_reads_only_the_new_items() -> None:
     assert request.size_calls == [1, 1]
 
 
+def test_the_feature_list_is_read_when_an_item_is_new() -> None:
+    # An item's later calls index the mm_features list read at its first sight,
+    # without reading the attribute; an item not read yet (here, appended)
+    # reads the attribute again.
+    class CountingList(CountingRequest):
+        list_reads = 0
+
+        @property  # type: ignore[override]
+        def mm_features(self) -> list:
+            CountingList.list_reads += 1
+            return self._features
+
+        @mm_features.setter
+        def mm_features(self, value: list) -> None:
+            self._features = value
+
+    manager = encoder_cache.EncoderCacheManager(100)
+    request = CountingList("r", [CountingFeature("a", 0, 4)])
+    assert not schedule_one(manager, request, 0)
+    reads = CountingList.list_reads
+    assert manager.get_cached_num_encoder_embeds(request, 0) == 4
+    assert manager.check_and_update_cache(request, 0)
+    assert CountingList.list_reads == reads, "a recorded item's calls read no attribute"
+    request.mm_features.append(CountingFeature("b", 5, 2))
+    request.size_calls.append(0)
+    assert not schedule_one(manager, request, 1)
+    assert CountingList.list_reads > reads
+    assert manager.request_hash_refs == {"r": {"a": 1, "b": 1}}
+    with pytest.raises(IndexError):
+        manager.check_and_update_cache(request, 2)
+    manager.free(request)
+    request.mm_features = [CountingFeature("c", 0, 3)]
+    assert not schedule_one(manager, request, 0), "after free(request) the list is read afresh"
+    assert manager.request_hash_refs == {"r": {"c": 1}}
+
+
 class FreeingFeature(CountingFeature):
     """A feature whose first identifier read frees its request from the manager."""
 

@@ -4,13 +4,15 @@
 //! request: from the request's record when it has it, else read from the
 //! request and recorded (see `records`).
 //!
-//! `mm_features[i]` is read on every call and compared by identity with the
-//! object the record was read from. When the record knows everything, as on
-//! every call after an item's first, the call borrows the state once and
-//! hands the core hashed names with handles: no string is hashed or copied.
-//! On an item's first sight the call reads what is missing with the state not
-//! borrowed (so a read that calls back into the manager finds it usable),
-//! records it, and borrows again.
+//! `mm_features[i]` is taken from the `mm_features` list the record kept
+//! and compared by identity with the object the record was read from. When
+//! the record knows everything, as on every call after an item's first, the
+//! call borrows the state once, reads nothing from Python, and hands the core
+//! hashed names with handles: no string is hashed or copied. Otherwise (an
+//! item's first sight, a replaced item, an index past the kept list) the call
+//! reads `request.mm_features[i]` afresh and what is missing with the state
+//! not borrowed (so a read that calls back into the manager finds it usable),
+//! records it with the list, and borrows again.
 
 use std::ops::DerefMut;
 
@@ -23,7 +25,7 @@ use pyo3::PyClass;
 use super::known_types::is_known;
 use super::manager::PyEncoderCacheManager;
 use super::records::RequestRecord;
-use super::request::{feature_and_count, identifier_of, known_unmasked_length, modality_of, num_embeds, num_embeds_of, request_id};
+use super::request::{feature_and_list, identifier_of, known_unmasked_length, modality_of, num_embeds, num_embeds_of, request_id};
 use super::shared::{write, ManagerState};
 use crate::cache::{hash_key, EncoderCache, Key, KeyArg};
 
@@ -245,7 +247,26 @@ pub(crate) fn with_input<'py, R: Answer>(
     needs: Needs,
     op: impl FnOnce(&mut EncoderCache, &Input<'_>) -> PyResult<R>,
 ) -> PyResult<R> {
-    let (feature, num_items) = match feature_and_count(request, input_id) {
+    {
+        // The item from the request's recorded `mm_features` list: when the
+        // record was read from that very object and has what this call
+        // needs, nothing is read from Python at all.
+        let mut guard = manager.try_borrow_mut()?;
+        let state: &mut ManagerState<EncoderCache> = &mut guard;
+        if let Some(record) = state.records.get_mut(request) {
+            if let Some(feature) = record.recorded_feature(request.py(), input_id) {
+                let input = Input::recorded(record, input_id, &feature);
+                if input.has(needs) {
+                    let out = op(&mut state.cache, &input);
+                    if needs.changes && out.as_ref().is_ok_and(Answer::may_have_changed) {
+                        note_handles(&state.cache, record, input_id);
+                    }
+                    return out;
+                }
+            }
+        }
+    }
+    let (feature, list) = match feature_and_list(request, input_id) {
         Ok(read) => read,
         // vLLM's `can_allocate` reads the size alone, which a request may give without the item.
         Err(err) if !needs.identifier && err.is_instance_of::<PyException>(request.py()) => {
@@ -254,11 +275,13 @@ pub(crate) fn with_input<'py, R: Answer>(
         }
         Err(err) => return Err(err),
     };
+    let num_items = list.as_ref().map_or(0, |list| list.len());
     let lacking = {
         let mut guard = manager.try_borrow_mut()?;
         let state: &mut ManagerState<EncoderCache> = &mut guard;
         match state.records.get_mut(request) {
             Some(record) => {
+                record.keep_features(list.as_ref());
                 let input = Input::recorded(record, input_id, &feature);
                 if input.has(needs) {
                     let out = op(&mut state.cache, &input);
@@ -283,6 +306,7 @@ pub(crate) fn with_input<'py, R: Answer>(
         match record {
             Some(record) => {
                 record.reserve_inputs(num_items);
+                record.keep_features(list.as_ref());
                 reads.keep(record, input_id, &feature);
                 let input = Input::recorded(record, input_id, &feature);
                 if input.has(needs) {

@@ -10,8 +10,9 @@
 //! finds a valid handle names the request and item to the core without
 //! hashing or comparing a string.
 //!
-//! The per-call methods check `mm_features[i]` by identity on every call and
-//! read a replaced item afresh; the step-level methods read positions the
+//! The per-call methods index the `mm_features` list they last read, check
+//! `mm_features[i]` by identity on every call and read a replaced item (and
+//! the list) afresh; the step-level methods read positions the
 //! first time they see an item and the rest when a step first needs it (see
 //! `step`). A vLLM request never changes these once it has them.
 //!
@@ -28,7 +29,7 @@ use std::collections::VecDeque;
 use hashbrown::HashMap;
 use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
-use pyo3::types::PySet;
+use pyo3::types::{PyList, PySet};
 
 use crate::cache::{hash_key, Handle, HeldInputs, Key, KeyArg};
 use crate::step::{Item, Items, StepError};
@@ -75,6 +76,9 @@ pub(crate) struct RequestRecord {
     /// What the request held at the last `get_cached_input_ids` answer, with
     /// that answer, handed out again while the holdings stay the same.
     pub(crate) held_ids: Option<Box<(HeldInputs, Py<PySet>)>>,
+    /// The `request.mm_features` list the per-call methods last read items
+    /// from, which they index again instead of reading the attribute.
+    pub(crate) features: Option<Py<PyList>>,
 }
 
 impl RequestRecord {
@@ -88,6 +92,29 @@ impl RequestRecord {
             inputs: Vec::new(),
             aged: false,
             held_ids: None,
+            features: None,
+        }
+    }
+
+    /// Records `features` (`request.mm_features` as just read, if a list) for later calls to index.
+    #[inline]
+    pub(crate) fn keep_features(&mut self, features: Option<&Bound<'_, PyList>>) {
+        match features {
+            Some(list) if !self.features.as_ref().is_some_and(|kept| list.is(kept)) => self.features = Some(list.clone().unbind()),
+            Some(_) => {}
+            None => self.features = None,
+        }
+    }
+
+    /// `mm_features[input_id]` of the recorded `mm_features` list, if it has that many items.
+    #[inline]
+    pub(crate) fn recorded_feature<'py>(&self, py: Python<'py>, input_id: usize) -> Option<Bound<'py, PyAny>> {
+        let list = self.features.as_ref()?.bind(py);
+        // Indexing a list runs no Python code, so the manager may stay borrowed.
+        if input_id < list.len() {
+            list.get_item(input_id).ok()
+        } else {
+            None
         }
     }
 
@@ -238,6 +265,9 @@ impl Records {
             visit.call(&record.request)?;
             if let Some((_, set)) = record.held_ids.as_deref() {
                 visit.call(set)?;
+            }
+            if let Some(features) = &record.features {
+                visit.call(features)?;
             }
             for input in &record.inputs {
                 if let Some(feature) = &input.feature {

@@ -57,15 +57,26 @@ pub(crate) fn feature<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyRe
 /// `request.mm_features[input_id]`, with the number of items when
 /// `mm_features` is a list (0 when it is another sequence).
 pub(crate) fn feature_and_count<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<(Bound<'py, PyAny>, usize)> {
+    let (feature, list) = feature_and_list(request, input_id)?;
+    Ok((feature, list.map_or(0, |list| list.len())))
+}
+
+/// `request.mm_features[input_id]`, with `mm_features` itself when it is a list.
+pub(crate) fn feature_and_list<'py>(
+    request: &Bound<'py, PyAny>,
+    input_id: usize,
+) -> PyResult<(Bound<'py, PyAny>, Option<Bound<'py, PyList>>)> {
     let features = features(request)?;
-    if let Ok(list) = features.cast::<PyList>() {
-        let num_items = list.len();
-        if input_id >= num_items {
-            return Err(out_of_range(input_id, num_items));
+    match features.cast_into::<PyList>() {
+        Ok(list) => {
+            let num_items = list.len();
+            if input_id >= num_items {
+                return Err(out_of_range(input_id, num_items));
+            }
+            Ok((list.get_item(input_id)?, Some(list)))
         }
-        return Ok((list.get_item(input_id)?, num_items));
+        Err(err) => Ok((err.into_inner().get_item(input_id)?, None)),
     }
-    Ok((features.get_item(input_id)?, 0))
 }
 
 /// An input id past the request's items.
