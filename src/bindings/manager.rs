@@ -195,8 +195,17 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
     // and the set is built afresh.
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let py = slf.py();
-        // Built under the borrow: a set of ints runs no Python code.
+        // A request seen for the first time gets its record here: vLLM asks
+        // this of every running request on every step, also of one that
+        // never looked up an item (its items all in its cached KV prefix).
         let mut guard = slf.try_borrow_mut()?;
+        if guard.records.get(request).is_none() {
+            drop(guard);
+            let id = request_id(request)?; // may run Python code: read with the manager not borrowed
+            guard = slf.try_borrow_mut()?;
+            guard.records.entry(request, id.to_str()?);
+        }
+        // Built under the borrow: a set of ints runs no Python code.
         let state: &mut ManagerState<EncoderCache> = &mut guard;
         if let Some(record) = state.records.get_mut(request) {
             let Some(held) = state.cache.cached_input_ids(record.id()) else {
