@@ -67,58 +67,51 @@ def test_an_item_is_read_once_per_feature_object() -> None:
     assert manager.num_embeds_by_hash == {"a": 4, "b": 6}
 
 
+class CountingId(CountingRequest):
+    """A request, always "r", that counts reads of its ``request_id``."""
+
+    def __init__(self, features: list) -> None:
+        self.id_reads = 0
+        super().__init__("r", features)
+
+    @property  # type: ignore[override]
+    def request_id(self) -> str:
+        self.id_reads += 1
+        return "r"
+
+    @request_id.setter
+    def request_id(self, value: str) -> None:
+        pass
+
+
 def test_the_request_id_is_read_once_per_request_object() -> None:
-    class CountingId(CountingRequest):
-        id_reads = 0
-
-        @property  # type: ignore[override]
-        def request_id(self) -> str:
-            CountingId.id_reads += 1
-            return "r"
-
-        @request_id.setter
-        def request_id(self, value: str) -> None:
-            pass
-
     manager = encoder_cache.EncoderCacheManager(100)
-    request = CountingId("r", [CountingFeature("a", 0, 4), CountingFeature("b", 5, 4)])
+    request = CountingId([CountingFeature("a", 0, 4), CountingFeature("b", 5, 4)])
     for i in range(2):
         schedule_one(manager, request, i)
     assert manager.get_cached_input_ids(request) == {0, 1}
     manager.free_encoder_input(request, 0)
     assert manager.try_schedule_encoder_inputs(request, 0, 10, 100)[0] == []
-    assert CountingId.id_reads == 1
+    assert request.id_reads == 1
     manager.free(request)
     assert manager.request_cached_ids == {}
     manager.get_cached_input_ids(request)
-    assert CountingId.id_reads == 2, "free(request) forgets the request: its id is read again"
+    assert request.id_reads == 2, "free(request) forgets the request: its id is read again"
 
 
 def test_a_request_only_asked_for_its_inputs_is_read_once() -> None:
     # vLLM asks every running request for its cached inputs on every step, also
     # one whose items all lie in its cached KV prefix and are never looked up.
-    class CountingId(CountingRequest):
-        id_reads = 0
-
-        @property  # type: ignore[override]
-        def request_id(self) -> str:
-            CountingId.id_reads += 1
-            return "r"
-
-        @request_id.setter
-        def request_id(self, value: str) -> None:
-            pass
-
     manager = encoder_cache.EncoderCacheManager(100)
-    request = CountingId("r", [CountingFeature("a", 0, 4)])
+    request = CountingId([CountingFeature("a", 0, 4)])
     assert [manager.get_cached_input_ids(request) for _ in range(3)] == [set(), set(), set()]
-    assert CountingId.id_reads == 1
+    assert request.id_reads == 1
     schedule_one(manager, request, 0)
     assert manager.get_cached_input_ids(request) == {0}
-    assert CountingId.id_reads == 1, "the scheduling calls found the record too"
+    assert request.id_reads == 1, "the scheduling calls found the record too"
     manager.free(request)
     assert manager.get_cached_input_ids(request) == set()
-    assert CountingId.id_reads == 2
+    assert request.id_reads == 2
 
 
 def test_a_replaced_feature_is_read_again() -> None:

@@ -238,6 +238,29 @@ fn note_handles(cache: &EncoderCache, record: &mut RequestRecord, input_id: usiz
     }
 }
 
+/// Runs `op` with input `input_id` as `record` knows it from `feature` when
+/// the record has what `needs` asks, noting the core's handles after a call
+/// that may have changed them; otherwise gives `op` back, with what is lacking.
+#[inline]
+fn run_recorded<R: Answer, F: FnOnce(&mut EncoderCache, &Input<'_>) -> PyResult<R>>(
+    cache: &mut EncoderCache,
+    record: &mut RequestRecord,
+    input_id: usize,
+    feature: &Bound<'_, PyAny>,
+    needs: Needs,
+    op: F,
+) -> Result<PyResult<R>, (F, Needs)> {
+    let input = Input::recorded(record, input_id, feature);
+    if !input.has(needs) {
+        return Err((op, input.lacking(needs)));
+    }
+    let out = op(cache, &input);
+    if needs.changes && out.as_ref().is_ok_and(Answer::may_have_changed) {
+        note_handles(cache, record, input_id);
+    }
+    Ok(out)
+}
+
 /// Runs `op` on the manager's cache with input `input_id` of `request`, as
 /// `needs` asks (see the module's doc).
 pub(crate) fn with_input<'py, R: Answer>(
@@ -245,7 +268,7 @@ pub(crate) fn with_input<'py, R: Answer>(
     request: &Bound<'py, PyAny>,
     input_id: usize,
     needs: Needs,
-    op: impl FnOnce(&mut EncoderCache, &Input<'_>) -> PyResult<R>,
+    mut op: impl FnOnce(&mut EncoderCache, &Input<'_>) -> PyResult<R>,
 ) -> PyResult<R> {
     {
         // The item from the request's recorded `mm_features` list: when the
@@ -255,13 +278,9 @@ pub(crate) fn with_input<'py, R: Answer>(
         let state: &mut ManagerState<EncoderCache> = &mut guard;
         if let Some(record) = state.records.get_mut(request) {
             if let Some(feature) = record.recorded_feature(request.py(), input_id) {
-                let input = Input::recorded(record, input_id, &feature);
-                if input.has(needs) {
-                    let out = op(&mut state.cache, &input);
-                    if needs.changes && out.as_ref().is_ok_and(Answer::may_have_changed) {
-                        note_handles(&state.cache, record, input_id);
-                    }
-                    return out;
+                match run_recorded(&mut state.cache, record, input_id, &feature, needs, op) {
+                    Ok(out) => return out,
+                    Err((back, _)) => op = back,
                 }
             }
         }
@@ -275,22 +294,20 @@ pub(crate) fn with_input<'py, R: Answer>(
         }
         Err(err) => return Err(err),
     };
-    let num_items = list.as_ref().map_or(0, |list| list.len());
+    let num_items = list.as_ref().map_or(0, PyListMethods::len);
     let lacking = {
         let mut guard = manager.try_borrow_mut()?;
         let state: &mut ManagerState<EncoderCache> = &mut guard;
         match state.records.get_mut(request) {
             Some(record) => {
                 record.keep_features(list.as_ref());
-                let input = Input::recorded(record, input_id, &feature);
-                if input.has(needs) {
-                    let out = op(&mut state.cache, &input);
-                    if needs.changes && out.as_ref().is_ok_and(Answer::may_have_changed) {
-                        note_handles(&state.cache, record, input_id);
+                match run_recorded(&mut state.cache, record, input_id, &feature, needs, op) {
+                    Ok(out) => return out,
+                    Err((back, lacking)) => {
+                        op = back;
+                        lacking
                     }
-                    return out;
                 }
-                input.lacking(needs)
             }
             None => needs,
         }
@@ -308,13 +325,9 @@ pub(crate) fn with_input<'py, R: Answer>(
                 record.reserve_inputs(num_items);
                 record.keep_features(list.as_ref());
                 reads.keep(record, input_id, &feature);
-                let input = Input::recorded(record, input_id, &feature);
-                if input.has(needs) {
-                    let out = op(&mut state.cache, &input);
-                    if needs.changes && out.as_ref().is_ok_and(Answer::may_have_changed) {
-                        note_handles(&state.cache, record, input_id);
-                    }
-                    return out;
+                match run_recorded(&mut state.cache, record, input_id, &feature, needs, op) {
+                    Ok(out) => return out,
+                    Err((back, _)) => op = back,
                 }
             }
             // No record to keep the reads in: the request id could not be read.
