@@ -114,6 +114,28 @@ def test_a_request_only_asked_for_its_inputs_is_read_once() -> None:
     assert request.id_reads == 2
 
 
+def test_free_drops_what_it_kept_with_the_manager_usable() -> None:
+    # The record may hold the last reference to an item (here the request's
+    # list was rebound); whatever that item's finaliser does with the manager
+    # must find it usable, so free(request) drops the record after its borrow.
+    manager = encoder_cache.EncoderCacheManager(100)
+    seen: list = []
+
+    class DyingFeature(CountingFeature):
+        def __del__(self) -> None:
+            try:
+                seen.append(manager.stats()["misses"])
+            except Exception as err:  # the finaliser reports what it met
+                seen.append(err)
+
+    request = CountingRequest("r", [DyingFeature("a", 0, 4)])
+    assert not schedule_one(manager, request, 0)
+    request.mm_features = []
+    manager.free(request)
+    assert seen == [1]
+    assert manager.request_hash_refs == {}
+
+
 def test_a_replaced_feature_is_read_again() -> None:
     manager = encoder_cache.EncoderCacheManager(100)
     request = CountingRequest("r", [CountingFeature("a", 0, 4)])

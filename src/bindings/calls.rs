@@ -362,3 +362,30 @@ where
     let id = request_id(request)?;
     Ok(op(&mut write(manager)?.cache, KeyArg::from(id.to_str()?)))
 }
+
+/// `free(request)`: runs `free` on the manager's cache with the request's id
+/// and forgets its record, under one borrow when there is a record (the id
+/// is then neither read nor hashed). The record is dropped after the borrow.
+pub(crate) fn free_request<'py, C, M, R>(
+    manager: &Bound<'py, M>,
+    request: &Bound<'py, PyAny>,
+    free: impl Fn(&mut C, KeyArg<'_>) -> R,
+) -> PyResult<()>
+where
+    M: PyClass<Frozen = False> + DerefMut<Target = ManagerState<C>>,
+{
+    let record = {
+        let mut guard = write(manager)?;
+        let state: &mut ManagerState<C> = &mut guard;
+        let record = state.records.forget(request);
+        if let Some(record) = &record {
+            free(&mut state.cache, record.id());
+        }
+        record
+    };
+    if record.is_none() {
+        with_request_id(manager, request, |cache: &mut C, id| free(cache, id))?;
+    }
+    drop(record);
+    Ok(())
+}

@@ -5,7 +5,7 @@ use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyTuple, PyType};
 
-use super::calls::with_request_id;
+use super::calls::{free_request, with_request_id};
 use super::key_list;
 use super::methods::manager_methods;
 use super::request::{count, identifier, input_index, num_embeds};
@@ -102,9 +102,7 @@ manager_methods!(PyEncoderDecoderCacheManager, EncoderDecoderCache {
     /// Give back the slots of every input the request holds, and forget what
     /// was read of it. Changes nothing for a request that holds none.
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        with_request_id(slf, request, |cache: &mut EncoderDecoderCache, id| cache.free(id))?;
-        slf.try_borrow_mut()?.records.forget(request);
-        Ok(())
+        free_request(slf, request, |cache: &mut EncoderDecoderCache, id| cache.free(id))
     }
 
     /// A snapshot: identifiers allocated since the last `get_freed_mm_hashes()`.

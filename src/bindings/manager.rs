@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PySet, PyString, PyTuple, PyType};
 
-use super::calls::{with_input, with_request_id, Needs};
+use super::calls::{free_request, with_input, with_request_id, Needs};
 use super::events::PyEventBatch;
 use super::methods::manager_methods;
 use super::modality;
@@ -254,9 +254,7 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
     /// preempted), and forget what was read of it. Freeing a request the
     /// manager does not know, or one freed already, changes nothing.
     fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        with_request_id(slf, request, |cache: &mut EncoderCache, id| cache.free(id))?;
-        slf.try_borrow_mut()?.records.forget(request);
-        Ok(())
+        free_request(slf, request, |cache: &mut EncoderCache, id| cache.free(id))
     }
 
     /// Slots that are free or held by unreferenced (evictable) entries.

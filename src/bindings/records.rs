@@ -250,9 +250,12 @@ impl Records {
         self.by_request.insert(key, record);
     }
 
-    pub(crate) fn forget(&mut self, request: &Bound<'_, PyAny>) {
-        self.by_request.remove(&address(request));
+    /// Takes `request`'s record out for good; the caller drops it (with the
+    /// manager not borrowed: the objects it holds may run Python code as they go).
+    pub(crate) fn forget(&mut self, request: &Bound<'_, PyAny>) -> Option<RequestRecord> {
+        let record = self.by_request.remove(&address(request));
         crate::cache::shrink_when_sparse(&mut self.by_request);
+        record
     }
 
     pub(crate) fn clear(&mut self) {
