@@ -199,39 +199,38 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
         // this of every running request on every step, also of one that
         // never looked up an item (its items all in its cached KV prefix).
         let mut guard = slf.try_borrow_mut()?;
-        if guard.records.get(request).is_none() {
+        let id = if guard.records.get(request).is_some() {
+            None
+        } else {
             drop(guard);
             let id = request_id(request)?; // may run Python code: read with the manager not borrowed
             guard = slf.try_borrow_mut()?;
-            guard.records.entry(request, id.to_str()?);
-        }
+            Some(id)
+        };
         // Built under the borrow: a set of ints runs no Python code.
         let state: &mut ManagerState<EncoderCache> = &mut guard;
-        if let Some(record) = state.records.get_mut(request) {
-            let Some(held) = state.cache.cached_input_ids(record.id()) else {
-                return PySet::empty(py);
-            };
-            if let Some((ids, set)) = record.held_ids.as_deref() {
-                let set = set.bind(py);
-                if ids == held && set.len() == held.len() {
-                    return Ok(set.clone());
-                }
+        let record = match &id {
+            Some(id) => state.records.entry(request, id.to_str()?),
+            None => state.records.get_mut(request).unwrap_or_else(|| unreachable!("found above, under this borrow")),
+        };
+        let Some(held) = state.cache.cached_input_ids(record.id()) else {
+            return PySet::empty(py);
+        };
+        if let Some((ids, set)) = record.held_ids.as_deref() {
+            let set = set.bind(py);
+            if ids == held && set.len() == held.len() {
+                return Ok(set.clone());
             }
-            let set = PySet::new(py, held.positions())?;
-            match record.held_ids.as_deref_mut() {
-                Some(kept) => {
-                    kept.0.clone_from(held);
-                    kept.1 = set.clone().unbind();
-                }
-                None => record.held_ids = Some(Box::new((held.clone(), set.clone().unbind()))),
-            }
-            return Ok(set);
         }
-        drop(guard);
-        with_request_id(slf, request, |cache: &mut EncoderCache, id| match cache.cached_input_ids(id) {
-            Some(held) => PySet::new(py, held.positions()),
-            None => PySet::empty(py),
-        })?
+        let set = PySet::new(py, held.positions())?;
+        match record.held_ids.as_deref_mut() {
+            Some(kept) => {
+                kept.0.clone_from(held);
+                kept.1 = set.clone().unbind();
+            }
+            None => record.held_ids = Some(Box::new((held.clone(), set.clone().unbind()))),
+        }
+        Ok(set)
     }
 
     /// Drop the request's hold on one input. The request's reference to the

@@ -51,14 +51,7 @@ pub(crate) fn input_index(input_id: i64) -> PyResult<usize> {
 }
 
 pub(crate) fn feature<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<Bound<'py, PyAny>> {
-    Ok(feature_and_count(request, input_id)?.0)
-}
-
-/// `request.mm_features[input_id]`, with the number of items when
-/// `mm_features` is a list (0 when it is another sequence).
-pub(crate) fn feature_and_count<'py>(request: &Bound<'py, PyAny>, input_id: usize) -> PyResult<(Bound<'py, PyAny>, usize)> {
-    let (feature, list) = feature_and_list(request, input_id)?;
-    Ok((feature, list.map_or(0, |list| list.len())))
+    Ok(feature_and_list(request, input_id)?.0)
 }
 
 /// `request.mm_features[input_id]`, with `mm_features` itself when it is a list.
