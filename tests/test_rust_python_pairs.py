@@ -15,8 +15,11 @@ show up in a message or name that the comparisons here produce.
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
+import io
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -275,6 +278,7 @@ CACHE_CASES = {
     "events off": (_busy, lambda m: m.take_step_events()),
     "events bound negative": (_busy, lambda m: m.enable_events(-1)),
     "events bound not int": (_busy, lambda m: m.enable_events(2.5)),
+    "step hook not callable": (_busy, lambda m: m.set_step_hook(42)),
 }
 
 
@@ -482,6 +486,32 @@ def _mask_errors() -> tuple[str, str]:
     return str(rust.value), str(python.value)
 
 
+def _step_hook_wait_errors(wait: object) -> tuple[str, str]:
+    """What each manager reports of a step hook that returned ``wait``: the
+    Rust one through ``sys.unraisablehook``, the twin as the last line it writes to stderr."""
+    reported: list[BaseException] = []
+    hook, sys.unraisablehook = sys.unraisablehook, lambda args: reported.append(args.exc_value)
+    try:
+        rust = RUST(8)
+        rust.set_step_hook(lambda m: wait)
+        rust.get_freed_mm_hashes()
+    finally:
+        sys.unraisablehook = hook
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        twin = TWIN(8)
+        twin.set_step_hook(lambda m: wait)
+        twin.get_freed_mm_hashes()
+    (error,) = reported
+    return f"{type(error).__name__}: {error}", err.getvalue().strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("wait", [-1, -0.5, float("nan"), float("inf"), "soon", True, 10**400])
+def test_step_hook_wait_messages(wait):
+    rust, twin = _step_hook_wait_errors(wait)
+    assert rust == twin
+
+
 def test_is_embed_length_message():
     rust, python = _mask_errors()
     assert rust == f"mm_position.{python}"
@@ -555,6 +585,7 @@ def _everything_compared() -> str:
     seen += list(RUST(8).stats()) + list(RUST(8).snapshot()) + list(_valid_state()["entries"]["img0"])
     seen += list(RUST_ENC_DEC(8).snapshot())
     seen += _mask_errors()[:1]
+    seen += _step_hook_wait_errors(-1)[:1]
     # Names both sides spell because they are the API: classes, and the request's fields.
     seen += [RUST.__name__, RUST_ENC_DEC.__name__, "num_computed_tokens"]
     # The request classes the bindings recognise by module and name (see test_known_request_classes).

@@ -125,6 +125,15 @@ class EncoderCacheManager:
         """Return the identifiers whose cached outputs the workers must now drop,
         and clear the report.
         """
+    def set_step_hook(self, hook: Callable[[Self], float | None] | None) -> None:
+        """Run `hook(manager)` at the end of `get_freed_mm_hashes()`, which the
+        scheduler calls once per step. The hook returns how many seconds it
+        can wait before it runs again (None: it runs at the next step), and
+        steps until then do not call it. `None` removes the hook. An
+        exception the hook raises is reported through `sys.unraisablehook`,
+        the step's identifiers are returned all the same, and the hook runs
+        again at the next step.
+        """
     def get_manager_metadata(self) -> None:
         """Return None: no metadata travels to the workers."""
     @property
@@ -323,6 +332,15 @@ class EncoderDecoderCacheManager:
     def get_freed_mm_hashes(self) -> list[str]:
         """Return the identifiers whose cached outputs the workers must now drop,
         and clear the report.
+        """
+    def set_step_hook(self, hook: Callable[[Self], float | None] | None) -> None:
+        """Run `hook(manager)` at the end of `get_freed_mm_hashes()`, which the
+        scheduler calls once per step. The hook returns how many seconds it
+        can wait before it runs again (None: it runs at the next step), and
+        steps until then do not call it. `None` removes the hook. An
+        exception the hook raises is reported through `sys.unraisablehook`,
+        the step's identifiers are returned all the same, and the hook runs
+        again at the next step.
         """
     def get_manager_metadata(self) -> None:
         """Return None: no metadata travels to the workers."""

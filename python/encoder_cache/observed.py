@@ -1,8 +1,10 @@
 """What a manager reports: log lines and Prometheus metrics once per scheduler step, cache events.
 
 The scheduler calls ``get_freed_mm_hashes()`` once at the end of every step;
-that call is where ``StepObservers`` runs its log line and metrics update.
-Nothing is added to the per-item calls. Cache events need no per-step call
+that call runs ``StepObservers.end_step`` as the manager's step hook
+(``set_step_hook``) whenever its log line, metrics update or publisher is
+due, and a step with nothing due pays for a clock read in Rust. Nothing is
+added to the per-item calls. Cache events need no per-step call
 at all: the manager's core records what it stores, drops and clears
 (``enable_events()``), and an ``EventPublisher`` that watches the manager
 drains that from its own thread (``StepObservers.events``). A per-step
@@ -17,6 +19,7 @@ observers with a publisher turns the manager's events on.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,14 +61,16 @@ class StepObservers:
         self._next_log = 0.0
         self._next_metrics = 0.0
 
-    def end_step(self, manager: Any) -> None:
+    def end_step(self, manager: Any) -> float | None:
+        """Report what is due at the end of a step; return the seconds until
+        anything is due again (None: at the next step)."""
         publisher = self.publisher
         if publisher is not None:
             batch = manager.take_event_batch()
             if batch is not None:
                 publisher.publish(batch)
         if self.log is None and self.metrics is None:
-            return
+            return None
         now = time.monotonic()
         if self.metrics is not None and now >= self._next_metrics:
             self._next_metrics = now + self.metrics_interval
@@ -74,6 +79,13 @@ class StepObservers:
             if self._next_log:
                 self.log(manager.stats())
             self._next_log = now + self.log_interval
+        if publisher is not None:
+            return None
+        due = min(
+            self._next_metrics if self.metrics is not None else math.inf,
+            self._next_log if self.log is not None else math.inf,
+        )
+        return max(0.0, due - time.monotonic())
 
     def update_metrics(self, manager: Any) -> None:
         """Copy the manager's ``stats()`` into the metrics now."""
@@ -103,11 +115,7 @@ class _Observed:
         if observers.publisher is not None:
             self.enable_events()  # type: ignore[attr-defined]
         self._observers = observers
-
-    def get_freed_mm_hashes(self) -> list[str]:
-        freed = super().get_freed_mm_hashes()  # type: ignore[misc]
-        self._observers.end_step(self)
-        return freed
+        self.set_step_hook(observers.end_step if observers.per_step else None)  # type: ignore[attr-defined]
 
     def reset_stats(self) -> None:
         metrics = self._observers.metrics

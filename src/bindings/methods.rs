@@ -38,8 +38,34 @@ macro_rules! manager_methods {
             /// Return the identifiers whose cached outputs the workers must now drop,
             /// and clear the report.
             fn get_freed_mm_hashes<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-                let freed = slf.try_borrow_mut()?.cache.take_freed();
-                $crate::bindings::key_list(slf.py(), &freed)
+                let (freed, hook) = {
+                    let mut state = slf.try_borrow_mut()?;
+                    let hook = state.step_hook.as_mut().and_then(|hook| hook.take_due(slf.py()));
+                    (state.cache.take_freed(), hook)
+                };
+                let freed = $crate::bindings::key_list(slf.py(), &freed)?;
+                if let Some(hook) = hook {
+                    let wait = $crate::bindings::step_hook::run(&hook, slf.as_any());
+                    if let Some(set) = slf.try_borrow_mut()?.step_hook.as_mut() {
+                        set.ran(&hook, wait.as_ref().ok().copied().flatten());
+                    }
+                    wait?;
+                }
+                Ok(freed)
+            }
+
+            /// Run `hook(manager)` at the end of `get_freed_mm_hashes()`, which the
+            /// scheduler calls once per step. The hook returns how many seconds it
+            /// can wait before it runs again (None: it runs at the next step), and
+            /// steps until then do not call it. `None` removes the hook. An
+            /// exception the hook raises is reported through `sys.unraisablehook`,
+            /// the step's identifiers are returned all the same, and the hook runs
+            /// again at the next step.
+            fn set_step_hook(slf: &Bound<'_, Self>, hook: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+                let hook = hook.map($crate::bindings::step_hook::StepHook::new).transpose()?;
+                let old = std::mem::replace(&mut slf.try_borrow_mut()?.step_hook, hook);
+                drop(old); // with the manager not borrowed: its finaliser may call back
+                Ok(())
             }
 
             /// Return None: no metadata travels to the workers.
@@ -148,11 +174,15 @@ macro_rules! manager_methods {
             }
 
             fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+                if let Some(hook) = &self.step_hook {
+                    hook.traverse(&visit)?;
+                }
                 self.records.traverse(&visit)
             }
 
             fn __clear__(&mut self) {
                 self.records.clear();
+                self.step_hook = None;
             }
 
             $($own)*

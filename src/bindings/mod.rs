@@ -9,6 +9,7 @@
 //! - `state`: state dumps as plain Python data and back;
 //! - `events`: the core's cache events as Python data, and `EventBatch`;
 //! - `records`: what a manager has read of each request object, with the core's handles;
+//! - `step_hook`: a Python callable run at the end of each step, when due;
 //! - `shared`: a manager's state and how it is borrowed;
 //! - `calls`, `step`: the per-call and the step-level methods' reads;
 //! - `methods`: the methods both manager classes share, written once;
@@ -33,6 +34,7 @@ mod request;
 mod shared;
 mod state;
 mod step;
+mod step_hook;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};

@@ -10,17 +10,20 @@ use pyo3::pyclass::boolean_struct::False;
 use pyo3::PyClass;
 
 use super::records::Records;
+use super::step_hook::StepHook;
 
-/// What a manager class keeps: its cache, and the records of what it has
-/// read of requests, which the per-call and the step-level methods share.
+/// What a manager class keeps: its cache, the records of what it has read
+/// of requests, which the per-call and the step-level methods share, and
+/// what runs at the end of each step.
 pub struct ManagerState<C> {
     pub(crate) cache: C,
     pub(crate) records: Records,
+    pub(crate) step_hook: Option<StepHook>,
 }
 
 impl<C> ManagerState<C> {
     pub(crate) fn new(cache: C) -> Self {
-        Self { cache, records: Records::default() }
+        Self { cache, records: Records::default(), step_hook: None }
     }
 }
 

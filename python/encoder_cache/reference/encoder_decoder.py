@@ -110,6 +110,7 @@ class EncoderDecoderCacheManager(EncoderCacheManager):
 
     def get_freed_mm_hashes(self) -> list[str]:
         to_free, self.to_free, self.allocated = self.to_free, self.allocated, []
+        self._run_step_hook()
         return to_free
 
     def check_invariants(self) -> None:

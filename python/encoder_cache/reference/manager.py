@@ -19,6 +19,7 @@ from encoder_cache.reference.request_fields import (
     read_request_id,
 )
 from encoder_cache.reference.state import check_state, parse_state
+from encoder_cache.reference.step_hook import StepHooked
 from encoder_cache.reference.steps import StepLevelAPI
 
 __all__ = ["EVICTED_MEMORY", "STAT_COUNTERS", "EncoderCacheManager"]
@@ -41,7 +42,7 @@ STAT_COUNTERS = (
 )
 
 
-class EncoderCacheManager(StepLevelAPI):
+class EncoderCacheManager(StepHooked, StepLevelAPI):
     """vLLM 0.33's encoder-cache bookkeeping in plain Python (all state is live;
     ``request_cached_ids`` is derived from ``request_inputs`` on each access).
 
@@ -388,6 +389,7 @@ class EncoderCacheManager(StepLevelAPI):
         self.freed = []
         if self._events is not None:
             self._events.record_removed(freed)
+        self._run_step_hook()
         return freed
 
     # Cache events (not part of the state: a restored manager has them off).
