@@ -217,9 +217,13 @@ impl Records {
     pub(crate) fn entry(&mut self, request: &Bound<'_, PyAny>, id: &str) -> &mut RequestRecord {
         let key = address(request);
         if !self.by_request.contains_key(&key) {
-            self.put(request, RequestRecord::new(request, id));
+            self.make_room();
+            self.age.push_back(key);
+            let mut record = RequestRecord::new(request, id);
+            record.aged = true;
+            return self.by_request.entry(key).insert(record).into_mut();
         }
-        self.by_request.get_mut(&key).unwrap_or_else(|| unreachable!("just put"))
+        self.by_request.get_mut(&key).unwrap_or_else(|| unreachable!("just found"))
     }
 
     /// Makes room for one more record: past [`MAX_RECORDS`], the oldest goes.
