@@ -217,11 +217,7 @@ impl Records {
     pub(crate) fn entry(&mut self, request: &Bound<'_, PyAny>, id: &str) -> &mut RequestRecord {
         let key = address(request);
         if !self.by_request.contains_key(&key) {
-            self.make_room();
-            self.age.push_back(key);
-            let mut record = RequestRecord::new(request, id);
-            record.aged = true;
-            return self.by_request.entry(key).insert(record).into_mut();
+            return self.put(request, RequestRecord::new(request, id));
         }
         self.by_request.get_mut(&key).unwrap_or_else(|| unreachable!("just found"))
     }
@@ -243,15 +239,16 @@ impl Records {
         self.by_request.remove(&address(request))
     }
 
-    /// Gives back a record taken out with [`Self::take`], or adds a new one.
-    pub(crate) fn put(&mut self, request: &Bound<'_, PyAny>, mut record: RequestRecord) {
+    /// Gives back a record taken out with [`Self::take`], or adds a new one;
+    /// returns it in its place (one map insertion).
+    pub(crate) fn put(&mut self, request: &Bound<'_, PyAny>, mut record: RequestRecord) -> &mut RequestRecord {
         let key = address(request);
         self.make_room();
         if !record.aged {
             record.aged = true;
             self.age.push_back(key);
         }
-        self.by_request.insert(key, record);
+        self.by_request.entry(key).insert(record).into_mut()
     }
 
     /// Takes `request`'s record out for good; the caller drops it (with the

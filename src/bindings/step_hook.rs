@@ -23,8 +23,7 @@ pub(crate) struct StepHook {
 impl StepHook {
     pub(crate) fn new(hook: &Bound<'_, PyAny>) -> PyResult<Self> {
         if !hook.is_callable() {
-            let name = hook.get_type().name().map_or_else(|_| "?".to_owned(), |n| n.to_string());
-            return Err(PyTypeError::new_err(format!("hook must be callable, not {name}")));
+            return Err(PyTypeError::new_err(format!("hook must be callable, not {}", super::request::type_name(hook))));
         }
         Ok(Self { hook: hook.clone().unbind(), due: None, running: false })
     }

@@ -37,10 +37,9 @@ class StepHooked:
         wait = None
         try:
             wait = _seconds(hook(self))
-        except Exception:  # reported as CPython reports an unraisable exception
+        except Exception:  # reported as CPython reports an unraisable exception; the wait stays None
             print(f"Exception ignored in: {hook!r}", file=sys.stderr)
             traceback.print_exc()
-            wait = None
         finally:
             if self._step_hook is hook:
                 self._step_hook_running = False
