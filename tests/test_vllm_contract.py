@@ -90,8 +90,12 @@ def _install_vllm(monkeypatch, version="0.33.0"):
 
 
 def _fresh_import(monkeypatch):
-    monkeypatch.delitem(sys.modules, "encoder_cache.vllm", raising=False)
-    monkeypatch.delattr(encoder_cache, "vllm", raising=False)
+    # Recorded first, so teardown puts back what was there before, or removes
+    # the module built on the stand-in when nothing was: a later test that
+    # imports encoder_cache.vllm gets the real one.
+    monkeypatch.setitem(sys.modules, "encoder_cache.vllm", None)
+    del sys.modules["encoder_cache.vllm"]
+    monkeypatch.setattr(encoder_cache, "vllm", None, raising=False)  # the import sets it
     return importlib.import_module("encoder_cache.vllm")
 
 
