@@ -175,10 +175,10 @@ def test_a_grown_feature_list_reads_only_the_new_items() -> None:
     assert request.size_calls == [1, 1]
 
 
-def test_the_feature_list_is_read_when_an_item_is_new() -> None:
-    # An item's later calls index the mm_features list read at its first sight,
-    # without reading the attribute; an item not read yet (here, appended)
-    # reads the attribute again.
+def test_the_feature_list_is_read_only_past_the_recorded_one() -> None:
+    # Every call indexes the mm_features list the record kept, also at an
+    # item's first sight (vLLM extends a request's list in place); the
+    # attribute is read again only for an index past that list.
     class CountingList(CountingRequest):
         list_reads = 0
 
@@ -191,20 +191,25 @@ def test_the_feature_list_is_read_when_an_item_is_new() -> None:
         def mm_features(self, value: list) -> None:
             self._features = value
 
+        def get_num_encoder_embeds(self, input_id: int) -> int:
+            self.size_calls[input_id] += 1
+            return self._features[input_id].mm_position.get_num_embeds()
+
     manager = encoder_cache.EncoderCacheManager(100)
     request = CountingList("r", [CountingFeature("a", 0, 4)])
     assert not schedule_one(manager, request, 0)
-    reads = CountingList.list_reads
+    assert CountingList.list_reads == 1, "one read of the attribute for the request's first item"
     assert manager.get_cached_num_encoder_embeds(request, 0) == 4
     assert manager.check_and_update_cache(request, 0)
-    assert CountingList.list_reads == reads, "a recorded item's calls read no attribute"
-    request.mm_features.append(CountingFeature("b", 5, 2))
+    request._features.append(CountingFeature("b", 5, 2))
     request.size_calls.append(0)
     assert not schedule_one(manager, request, 1)
-    assert CountingList.list_reads > reads
-    assert manager.request_hash_refs == {"r": {"a": 1, "b": 1}}
+    assert CountingList.list_reads == 1, "an item appended to the recorded list is found there"
     with pytest.raises(IndexError):
         manager.check_and_update_cache(request, 2)
+    assert CountingList.list_reads == 2, "an index past the recorded list reads the attribute"
+    assert manager.request_hash_refs == {"r": {"a": 1, "b": 1}}
+    assert request.size_calls == [1, 1]
     manager.free(request)
     request.mm_features = [CountingFeature("c", 0, 3)]
     assert not schedule_one(manager, request, 0), "after free(request) the list is read afresh"

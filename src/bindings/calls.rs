@@ -8,11 +8,12 @@
 //! and compared by identity with the object the record was read from. When
 //! the record knows everything, as on every call after an item's first, the
 //! call borrows the state once, reads nothing from Python, and hands the core
-//! hashed names with handles: no string is hashed or copied. Otherwise (an
-//! item's first sight, a replaced item, an index past the kept list) the call
-//! reads `request.mm_features[i]` afresh and what is missing with the state
-//! not borrowed (so a read that calls back into the manager finds it usable),
-//! records it with the list, and borrows again.
+//! hashed names with handles: no string is hashed or copied. At an item's
+//! first sight, or for a replaced item, the call reads what is missing of
+//! the item from the kept list; without a record, or for an index past the
+//! kept list, it reads `request.mm_features[i]` afresh. Either read happens
+//! with the state not borrowed (so a read that calls back into the manager
+//! finds it usable); the call records it and borrows again.
 
 use std::ops::DerefMut;
 
@@ -225,16 +226,14 @@ impl Answer for () {}
 impl Answer for Option<u64> {}
 
 /// After a call that may have cached the item or made the request hold it:
-/// the core's current handles for both, where the record's are missing or stale.
+/// the core's current handles for both, asked in one call (a handle still
+/// valid is found by itself, without hashing).
 #[inline]
 fn note_handles(cache: &EncoderCache, record: &mut RequestRecord, input_id: usize) {
-    if !record.handle.is_some_and(|handle| cache.request_live(handle)) {
-        record.handle = cache.request_handle(record.id());
-    }
+    let (request, item) = cache.handles(&record.id(), record.inputs.get(input_id).and_then(super::records::InputRecord::key).as_ref());
+    record.handle = request;
     if let Some(input) = record.inputs.get_mut(input_id) {
-        if !input.handle.is_some_and(|handle| cache.item_live(handle)) {
-            input.handle = input.key().and_then(|key| cache.item_handle(key));
-        }
+        input.handle = item;
     }
 }
 
@@ -270,35 +269,44 @@ pub(crate) fn with_input<'py, R: Answer>(
     needs: Needs,
     mut op: impl FnOnce(&mut EncoderCache, &Input<'_>) -> PyResult<R>,
 ) -> PyResult<R> {
-    {
-        // The item from the request's recorded `mm_features` list: when the
-        // record was read from that very object and has what this call
-        // needs, nothing is read from Python at all.
-        let mut guard = manager.try_borrow_mut()?;
-        let state: &mut ManagerState<EncoderCache> = &mut guard;
-        if let Some(record) = state.records.get_mut(request) {
-            if let Some(feature) = record.recorded_feature(request.py(), input_id) {
-                match run_recorded(&mut state.cache, record, input_id, &feature, needs, op) {
-                    Ok(out) => return out,
-                    Err((back, _)) => op = back,
-                }
-            }
-        }
-    }
-    let (feature, list) = match feature_and_list(request, input_id) {
-        Ok(read) => read,
-        // vLLM's `can_allocate` reads the size alone, which a request may give without the item.
-        Err(err) if !needs.identifier && err.is_instance_of::<PyException>(request.py()) => {
-            let reads = CallReads { num_embeds: Some(num_embeds(request, input_id)?), ..CallReads::default() };
-            return op(&mut manager.try_borrow_mut()?.cache, &reads.input()?);
-        }
-        Err(err) => return Err(err),
-    };
-    let num_items = list.as_ref().map_or(0, PyListMethods::len);
-    let lacking = {
+    let py = request.py();
+    // The item from the request's recorded `mm_features` list: when the
+    // record was read from that very object and has what this call needs,
+    // nothing is read from Python at all; when it lacks something (the
+    // item's first sight, a replaced item), only that is read.
+    let recorded = {
         let mut guard = manager.try_borrow_mut()?;
         let state: &mut ManagerState<EncoderCache> = &mut guard;
         match state.records.get_mut(request) {
+            Some(record) => match record.recorded_feature(py, input_id) {
+                Some(feature) => match run_recorded(&mut state.cache, record, input_id, &feature, needs, op) {
+                    Ok(out) => return out,
+                    Err((back, lacking)) => {
+                        op = back;
+                        record.recorded_features(py).map(|list| (feature, list, lacking))
+                    }
+                },
+                None => None,
+            },
+            None => None,
+        }
+    };
+    let (feature, list, lacking) = if let Some((feature, list, lacking)) = recorded {
+        (feature, Some(list), lacking)
+    } else {
+        // No record, or an index past the recorded list: `request.mm_features` read afresh.
+        let (feature, list) = match feature_and_list(request, input_id) {
+            Ok(read) => read,
+            // vLLM's `can_allocate` reads the size alone, which a request may give without the item.
+            Err(err) if !needs.identifier && err.is_instance_of::<PyException>(py) => {
+                let reads = CallReads { num_embeds: Some(num_embeds(request, input_id)?), ..CallReads::default() };
+                return op(&mut manager.try_borrow_mut()?.cache, &reads.input()?);
+            }
+            Err(err) => return Err(err),
+        };
+        let mut guard = manager.try_borrow_mut()?;
+        let state: &mut ManagerState<EncoderCache> = &mut guard;
+        let lacking = match state.records.get_mut(request) {
             Some(record) => {
                 record.keep_features(list.as_ref());
                 match run_recorded(&mut state.cache, record, input_id, &feature, needs, op) {
@@ -310,8 +318,10 @@ pub(crate) fn with_input<'py, R: Answer>(
                 }
             }
             None => needs,
-        }
+        };
+        (feature, list, lacking)
     };
+    let num_items = list.as_ref().map_or(0, PyListMethods::len);
     let reads = CallReads::read(request, input_id, &feature, lacking)?;
     {
         let mut guard = manager.try_borrow_mut()?;

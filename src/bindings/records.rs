@@ -10,9 +10,11 @@
 //! finds a valid handle names the request and item to the core without
 //! hashing or comparing a string.
 //!
-//! The per-call methods index the `mm_features` list they last read, check
-//! `mm_features[i]` by identity on every call and read a replaced item (and
-//! the list) afresh; the step-level methods read positions the
+//! The per-call methods index the `mm_features` list they last read (vLLM
+//! extends a request's list in place, never replaces it once scheduled),
+//! check `mm_features[i]` by identity on every call and read a new or
+//! replaced item afresh, and the attribute itself only for an index past
+//! the list; the step-level methods read positions the
 //! first time they see an item and the rest when a step first needs it (see
 //! `step`). A vLLM request never changes these once it has them.
 //!
@@ -116,6 +118,11 @@ impl RequestRecord {
         } else {
             None
         }
+    }
+
+    /// The recorded `mm_features` list.
+    pub(crate) fn recorded_features<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyList>> {
+        self.features.as_ref().map(|list| list.bind(py).clone())
     }
 
     /// The request id as the core takes it: hashed, with its last handle.

@@ -169,16 +169,13 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         self.requests.find(&request_id.into()).map(|r| self.requests.handle(r))
     }
 
-    /// Whether `handle`, from [`Self::item_handle`], still names a cached item.
+    /// The handles `request_id` and `identifier` go by now, for later calls
+    /// to name them by (a name's own handle is kept while it stays valid).
     #[inline]
-    pub fn item_live(&self, handle: Handle) -> bool {
-        self.entries.is_live(handle)
-    }
-
-    /// Whether `handle`, from [`Self::request_handle`], still names a request holding inputs.
-    #[inline]
-    pub fn request_live(&self, handle: Handle) -> bool {
-        self.requests.is_live(handle)
+    pub fn handles(&self, request_id: &KeyArg<'_>, identifier: Option<&KeyArg<'_>>) -> (Option<Handle>, Option<Handle>) {
+        let request = self.requests.find(request_id).map(|r| self.requests.handle(r));
+        let item = identifier.and_then(|identifier| self.entries.find(identifier)).map(|e| self.entries.handle(e));
+        (request, item)
     }
 
     /// Resize to `cache_size` embeddings. Growing adds free slots; shrinking

@@ -156,12 +156,8 @@ impl EncoderCache {
         with_policy_cache!(self, c => c.request_handle(request_id))
     }
 
-    pub fn item_live(&self, handle: Handle) -> bool {
-        with_policy_cache!(self, c => c.item_live(handle))
-    }
-
-    pub fn request_live(&self, handle: Handle) -> bool {
-        with_policy_cache!(self, c => c.request_live(handle))
+    pub fn handles(&self, request_id: &KeyArg<'_>, identifier: Option<&KeyArg<'_>>) -> (Option<Handle>, Option<Handle>) {
+        with_policy_cache!(self, c => c.handles(request_id, identifier))
     }
 
     pub fn resize(&mut self, cache_size: u64) -> Result<(), CacheError> {
