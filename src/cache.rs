@@ -55,7 +55,7 @@ pub use entries::Entry;
 pub use errors::CacheError;
 pub use events::{StepEvents, DEFAULT_MAX_PENDING};
 pub use frequency_memory::{FrequencyMemory, FREQUENCY_MEMORY};
-pub use keys::{hash_key, Handle, Key, KeyArg};
+pub use keys::{hash_key, Handle, Holding, Key, KeyArg};
 pub use policies::{EvictionPolicy, Gdsf, GdsfMeta, GhostLfu, Policy, S3Fifo, S3FifoMeta, Vllm, GDSF_COST_SCALE, S3FIFO_MAX_CREDIT};
 pub use requests::HeldInputs;
 pub use shadows::{SHADOW_HALF_LIFE, SHADOW_NEAR_TIE};

@@ -28,7 +28,7 @@ use super::manager::PyEncoderCacheManager;
 use super::records::RequestRecord;
 use super::request::{feature_and_list, identifier_of, known_unmasked_length, modality_of, num_embeds, num_embeds_of, request_id};
 use super::shared::{write, ManagerState};
-use crate::cache::{hash_key, EncoderCache, Key, KeyArg};
+use crate::cache::{hash_key, EncoderCache, Holding, Key, KeyArg};
 
 /// When a per-call method reads `request.request_id`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -212,6 +212,18 @@ pub(crate) trait Answer {
     fn may_have_changed(&self) -> bool {
         true
     }
+
+    /// The handles the call left the request and the item under, when it says.
+    fn holding(&self) -> Option<Holding> {
+        None
+    }
+}
+
+/// `allocate`: the core says the handles it gave.
+impl Answer for Holding {
+    fn holding(&self) -> Option<Holding> {
+        Some(*self)
+    }
 }
 
 /// `check_and_update_cache`: a miss changes nothing.
@@ -254,8 +266,17 @@ fn run_recorded<R: Answer, F: FnOnce(&mut EncoderCache, &Input<'_>) -> PyResult<
         return Err((op, input.lacking(needs)));
     }
     let out = op(cache, &input);
-    if needs.changes && out.as_ref().is_ok_and(Answer::may_have_changed) {
-        note_handles(cache, record, input_id);
+    if needs.changes {
+        match out.as_ref().map(|answer| (answer.holding(), answer.may_have_changed())) {
+            Ok((Some(holding), _)) => {
+                record.handle = Some(holding.request);
+                if let Some(input) = record.inputs.get_mut(input_id) {
+                    input.handle = Some(holding.item);
+                }
+            }
+            Ok((None, true)) => note_handles(cache, record, input_id),
+            _ => {}
+        }
     }
     Ok(out)
 }

@@ -183,6 +183,7 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
         with_input(slf, request, input_id, Needs::ALL, |cache, input| {
             Ok(cache.allocate_tagged(input.request_id()?, input_id, input.identifier()?, input.num_embeds()?, input.modality()?)?)
         })
+        .map(drop)
     }
 
     /// Return the input ids the request holds in the cache.

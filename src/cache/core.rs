@@ -14,7 +14,7 @@ use hashbrown::{HashMap, HashSet};
 use super::entries::{Entry, Referrers};
 use super::errors::CacheError;
 use super::events::EventLog;
-use super::keys::{Handle, Key, KeyArg};
+use super::keys::{Handle, Holding, Key, KeyArg};
 use super::policies::{Entries, EvictionPolicy, Policy};
 use super::requests::{HeldInputs, RequestRefs};
 use super::stats::{CacheStats, Ghosts, Tally};
@@ -27,6 +27,9 @@ pub(crate) fn shrink_when_sparse<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K
         map.shrink_to(map.len() * 2);
     }
 }
+
+/// Evictions the freed list keeps room for between steps.
+const FREED_ROOM: usize = 1024;
 
 /// The encoder cache under eviction policy `P`.
 #[derive(Debug, Clone)]
@@ -396,12 +399,12 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         identifier: impl Into<KeyArg<'a>>,
         num_embeds: u64,
     ) -> Result<(), CacheError> {
-        self.allocate_tagged(request_id, input_id, identifier, num_embeds, 0)
+        self.allocate_tagged(request_id, input_id, identifier, num_embeds, 0).map(drop)
     }
 
     /// [`Self::allocate`] for an item of modality tag `modality` (the caller's
     /// numbering; 0 = unknown), which its hits, eviction and re-encode are
-    /// counted under.
+    /// counted under. Returns the handles the request and the item now go by.
     #[inline]
     pub fn allocate_tagged<'a>(
         &mut self,
@@ -410,7 +413,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         identifier: impl Into<KeyArg<'a>>,
         num_embeds: u64,
         modality: u8,
-    ) -> Result<(), CacheError> {
+    ) -> Result<Holding, CacheError> {
         let (request_id, identifier) = (request_id.into(), identifier.into());
         let hash = identifier.hash();
         if let Some(e) = self.entries.find_hashed(&identifier, hash) {
@@ -444,7 +447,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         if let Some(log) = self.events.as_deref_mut() {
             log.record_stored(&self.entries.get(e).key, hash);
         }
-        Ok(())
+        Ok(Holding { request: self.requests.handle(r), item: self.entries.handle(e) })
     }
 
     /// The input positions `request_id` holds cached.
@@ -500,10 +503,14 @@ impl<P: EvictionPolicy> PolicyCache<P> {
     /// (an entry evicted early in a step can come back later in the same step,
     /// and the workers must keep its tensor).
     pub fn take_freed(&mut self) -> Vec<Key> {
-        let mut freed = std::mem::take(&mut self.freed);
+        // Drained, not taken: the list keeps its room for the next step's evictions.
         let entries = &self.entries;
-        freed.retain(|(key, hash)| entries.find_hashed(&KeyArg::from(key), *hash).is_none());
-        let freed: Vec<Key> = freed.into_iter().map(|(key, _)| key).collect();
+        let mut freed = Vec::with_capacity(self.freed.len());
+        freed.extend(
+            self.freed.drain(..).filter(|(key, hash)| entries.find_hashed(&KeyArg::from(key), *hash).is_none()).map(|(key, _)| key),
+        );
+        // Room past a large burst (a resize) is given back.
+        self.freed.shrink_to(FREED_ROOM);
         if let Some(log) = self.events.as_deref_mut() {
             log.record_removed(&freed);
         }

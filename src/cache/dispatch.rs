@@ -12,7 +12,7 @@ use super::core::PolicyCache;
 use super::duel::Duel;
 use super::errors::CacheError;
 use super::events::StepEvents;
-use super::keys::{Handle, Key, KeyArg};
+use super::keys::{Handle, Holding, Key, KeyArg};
 use super::policies::{Gdsf, GhostLfu, Policy, S3Fifo, Vllm};
 use super::requests::HeldInputs;
 use super::state::{CacheState, InvariantViolation, PolicyState};
@@ -208,7 +208,7 @@ impl EncoderCache {
         identifier: impl Into<KeyArg<'a>>,
         num_embeds: u64,
     ) -> Result<(), CacheError> {
-        self.allocate_tagged(request_id, input_id, identifier, num_embeds, 0)
+        self.allocate_tagged(request_id, input_id, identifier, num_embeds, 0).map(drop)
     }
 
     pub fn allocate_tagged<'a>(
@@ -218,7 +218,7 @@ impl EncoderCache {
         identifier: impl Into<KeyArg<'a>>,
         num_embeds: u64,
         modality: u8,
-    ) -> Result<(), CacheError> {
+    ) -> Result<Holding, CacheError> {
         let (request_id, identifier) = (request_id.into(), identifier.into());
         with_policy_cache!(self, c => c.allocate_tagged(request_id, input_id, identifier, num_embeds, modality))
     }

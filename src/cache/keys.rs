@@ -25,6 +25,14 @@ pub struct Handle {
     pub(crate) generation: u32,
 }
 
+/// The handles of a request and of the item it now holds, as an allocation
+/// leaves them, for the caller to name both by in later calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holding {
+    pub request: Handle,
+    pub item: Handle,
+}
+
 /// A request id or identifier as the core's methods take it: its text, and
 /// optionally what the caller already knows of it: the [`Key`] it holds (shared
 /// when the core keeps it), its [`hash_key`] (so it is not hashed again) and

@@ -86,7 +86,7 @@ impl<P: EvictionPolicy> StepCache for PolicyCache<P> {
 
     #[inline]
     fn allocate(&mut self, request_id: KeyArg<'_>, input_id: usize, item: &Item) -> Result<(), CacheError> {
-        PolicyCache::allocate_tagged(self, request_id, input_id, item.key(), item.num_embeds, item.modality)
+        PolicyCache::allocate_tagged(self, request_id, input_id, item.key(), item.num_embeds, item.modality).map(drop)
     }
 
     fn held_inputs(&self, request_id: KeyArg<'_>, _num_items: usize) -> impl Iterator<Item = usize> + '_ {
