@@ -90,7 +90,7 @@ pub(crate) fn identifier_of<'py>(feature: &Bound<'py, PyAny>) -> PyResult<Bound<
 /// has none or it is not a str, as the pure-Python manager reads it.
 pub(crate) fn modality_of(feature: &Bound<'_, PyAny>) -> PyResult<u8> {
     match feature.getattr(intern!(feature.py(), "modality")) {
-        Ok(value) => Ok(value.cast::<PyString>().map_or(Ok(0), |name| name.to_str().map(super::modality::tag))?),
+        Ok(value) => value.cast::<PyString>().map_or(Ok(0), super::modality::tag_of),
         Err(err) if err.is_instance_of::<PyAttributeError>(feature.py()) => Ok(0),
         Err(err) => Err(err),
     }
