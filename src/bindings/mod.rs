@@ -18,6 +18,12 @@
 //!   and `_panic_for_test`, for benchmarks and tests;
 //! - `host_tier`: the host tier's block cache (uses none of the above).
 
+/// Every Rust allocation of the extension (keys, records, the core's tables)
+/// goes to mimalloc: small blocks allocated and freed by the thousand each
+/// step cost fewer instructions there than in glibc's malloc.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod calls;
 mod encoder_decoder;
 mod errors;
