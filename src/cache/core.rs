@@ -176,8 +176,14 @@ impl<P: EvictionPolicy> PolicyCache<P> {
     /// to name them by (a name's own handle is kept while it stays valid).
     #[inline]
     pub fn handles(&self, request_id: &KeyArg<'_>, identifier: Option<&KeyArg<'_>>) -> (Option<Handle>, Option<Handle>) {
-        let request = self.requests.find(request_id).map(|r| self.requests.handle(r));
-        let item = identifier.and_then(|identifier| self.entries.find(identifier)).map(|e| self.entries.handle(e));
+        let request = match request_id.handle() {
+            Some(handle) if self.requests.is_live(handle) => Some(handle),
+            _ => self.requests.find(request_id).map(|r| self.requests.handle(r)),
+        };
+        let item = identifier.and_then(|identifier| match identifier.handle() {
+            Some(handle) if self.entries.is_live(handle) => Some(handle),
+            _ => self.entries.find(identifier).map(|e| self.entries.handle(e)),
+        });
         (request, item)
     }
 

@@ -63,7 +63,7 @@ impl<T: Named> Table<T> {
     }
 
     /// Whether `handle` still names the value it was given for.
-    #[cfg(test)]
+    #[inline]
     pub(crate) fn is_live(&self, handle: Handle) -> bool {
         self.slots.get(handle.index as usize).is_some_and(|slot| slot.generation == handle.generation && slot.value.is_some())
     }
