@@ -37,28 +37,19 @@ BENCHES = Path(__file__).parent
 
 #: The Rust manager's count, run in a child process (see the module's doc).
 RSS_CHILD = """
-import gc, json, os, sys
-from workloads import CACHE_SIZE, MANAGERS, make_request
+import json
+from bench_memory import NUM, measure, resident
+from workloads import make_request
 
-def resident():
+requests = [make_request(f"req-{n}", 1, first_item=n) for n in range(NUM)]
+print(json.dumps(measure("rust", requests, resident)))
+"""
+
+
+def resident() -> int:
+    """The process's resident memory, in bytes (Linux)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-num = int(sys.argv[1])
-requests = [make_request(f"req-{n}", 1, first_item=n) for n in range(num)]
-manager = MANAGERS["rust"](CACHE_SIZE)
-gc.collect()
-start = resident()
-for req in requests:
-    manager.allocate(req, 0)
-live = resident() - start
-for req in requests:
-    manager.free(req)
-gc.collect()
-entries = resident() - start
-assert len(manager.freeable) == num
-print(json.dumps({"bytes_per_live_request": live / num, "bytes_per_entry": entries / num}))
-"""
 
 
 def measure_rust() -> dict[str, float]:
@@ -67,9 +58,7 @@ def measure_rust() -> dict[str, float]:
         "MIMALLOC_PURGE_DELAY": "0",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHES), os.environ.get("PYTHONPATH")])),
     }
-    out = subprocess.run(
-        [sys.executable, "-c", RSS_CHILD, str(NUM)], env=env, check=True, capture_output=True, text=True
-    )
+    out = subprocess.run([sys.executable, "-c", RSS_CHILD], env=env, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.splitlines()[-1])
 
 
@@ -77,9 +66,8 @@ def python_heap() -> int:
     return tracemalloc.get_traced_memory()[0]
 
 
-def measure(impl: str, requests: list) -> dict[str, float]:
+def measure(impl: str, requests: list, counted) -> dict[str, float]:
     manager = MANAGERS[impl](CACHE_SIZE)
-    counted = python_heap
     gc.collect()
     start = counted()
     for req in requests:
@@ -104,7 +92,7 @@ def bench_memory(benchmark, impl):
         requests = [make_request(f"req-{n}", 1, first_item=n) for n in range(NUM)]
         tracemalloc.start()
         try:
-            result = benchmark.pedantic(measure, args=(impl, requests), rounds=1, iterations=1)
+            result = benchmark.pedantic(measure, args=(impl, requests, python_heap), rounds=1, iterations=1)
         finally:
             tracemalloc.stop()
     benchmark.extra_info.update(result)
