@@ -243,10 +243,7 @@ impl Answer for Option<u64> {}
 #[inline]
 fn note_handles(cache: &EncoderCache, record: &mut RequestRecord, input_id: usize) {
     let (request, item) = cache.handles(&record.id(), record.inputs.get(input_id).and_then(super::records::InputRecord::key).as_ref());
-    record.handle = request;
-    if let Some(input) = record.inputs.get_mut(input_id) {
-        input.handle = item;
-    }
+    record.set_handles(input_id, request, item);
 }
 
 /// Runs `op` with input `input_id` as `record` knows it from `feature` when
@@ -268,12 +265,7 @@ fn run_recorded<R: Answer, F: FnOnce(&mut EncoderCache, &Input<'_>) -> PyResult<
     let out = op(cache, &input);
     if needs.changes {
         match out.as_ref().map(|answer| (answer.holding(), answer.may_have_changed())) {
-            Ok((Some(holding), _)) => {
-                record.handle = Some(holding.request);
-                if let Some(input) = record.inputs.get_mut(input_id) {
-                    input.handle = Some(holding.item);
-                }
-            }
+            Ok((Some(holding), _)) => record.set_handles(input_id, Some(holding.request), Some(holding.item)),
             Ok((None, true)) => note_handles(cache, record, input_id),
             _ => {}
         }

@@ -125,6 +125,15 @@ impl RequestRecord {
         self.features.as_ref().map(|list| list.bind(py).clone())
     }
 
+    /// Notes the core's handles for the request and for input `input_id`.
+    #[inline]
+    pub(crate) fn set_handles(&mut self, input_id: usize, request: Option<Handle>, item: Option<Handle>) {
+        self.handle = request;
+        if let Some(input) = self.inputs.get_mut(input_id) {
+            input.handle = item;
+        }
+    }
+
     /// The request id as the core takes it: hashed, with its last handle.
     pub(crate) fn id(&self) -> KeyArg<'_> {
         KeyArg::hashed(&self.id, self.id_hash).at(self.handle)

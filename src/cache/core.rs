@@ -178,11 +178,11 @@ impl<P: EvictionPolicy> PolicyCache<P> {
     pub fn handles(&self, request_id: &KeyArg<'_>, identifier: Option<&KeyArg<'_>>) -> (Option<Handle>, Option<Handle>) {
         let request = match request_id.handle() {
             Some(handle) if self.requests.is_live(handle) => Some(handle),
-            _ => self.requests.find(request_id).map(|r| self.requests.handle(r)),
+            _ => self.request_handle(*request_id),
         };
         let item = identifier.and_then(|identifier| match identifier.handle() {
             Some(handle) if self.entries.is_live(handle) => Some(handle),
-            _ => self.entries.find(identifier).map(|e| self.entries.handle(e)),
+            _ => self.item_handle(*identifier),
         });
         (request, item)
     }
