@@ -123,28 +123,45 @@ impl Place {
     }
 }
 
-/// Where an entry of a [`HeapLanes`] is: its heap position, or this while
-/// it is in its lane's run.
+/// Where an entry of a [`HeapLanes`] is while in run `r`: `IN_RUN - r`;
+/// below that, its heap position.
 const IN_RUN: u32 = NIL - 1;
 
-/// `N` lanes of entries ordered by key, lowest first. Each lane is a run
-/// (a FIFO list of the entries released at or above the lane's latest
-/// release, so lowest first) and a binary min-heap of the rest, whose
+/// How many runs each lane of a [`HeapLanes`] has.
+const RUNS: usize = 2;
+
+/// `N` lanes of entries ordered by key, lowest first. Each lane is two runs
+/// (FIFO lists, each of entries released at or above that run's latest
+/// release, so each lowest first) and a binary min-heap of the rest, whose
 /// positions are kept here by entry index so that sifting touches no entry.
-/// Where keys mostly rise with release, as GDSF's aging clock makes them (a
-/// long video, or items of one size and frequency), releases and evictions
-/// are O(1) list operations; the heap takes the releases that come in below.
+/// A release joins the run whose latest key is the highest at or below its
+/// own, else an empty run, else the heap. Where keys mostly rise with
+/// release, as GDSF's aging clock makes them (a long video, or items of one
+/// size and frequency), and where two such sequences interleave (items
+/// released once beside items hit often, whose counts rise together),
+/// releases and evictions are O(1) list operations; the heap takes the
+/// releases that fit neither run.
 #[derive(Debug, Clone)]
 pub(crate) struct HeapLanes<const N: usize> {
-    runs: ListLanes<N>,
+    runs: [ListLanes<N>; RUNS],
+    /// By run and lane: the key of the run's latest release, kept while the
+    /// run is not empty. Its entry may have left the run since; the key is
+    /// then above every key the run holds, so a release at or above it still
+    /// keeps the run in order.
+    last_keys: [[(i64, u64); N]; RUNS],
     heaps: [Vec<Place>; N],
-    /// By entry index: the heap position, or [`IN_RUN`].
+    /// By entry index: the heap position, or `IN_RUN - run`.
     positions: Vec<u32>,
 }
 
 impl<const N: usize> Default for HeapLanes<N> {
     fn default() -> Self {
-        Self { runs: ListLanes::default(), heaps: std::array::from_fn(|_| Vec::new()), positions: Vec::new() }
+        Self {
+            runs: [ListLanes::default(), ListLanes::default()],
+            last_keys: [[(i64::MIN, 0); N]; RUNS],
+            heaps: std::array::from_fn(|_| Vec::new()),
+            positions: Vec::new(),
+        }
     }
 }
 
@@ -166,9 +183,10 @@ impl<const N: usize> HeapLanes<N> {
         if self.positions.len() <= index as usize {
             self.positions.resize(index as usize + 1, NIL);
         }
-        if self.runs.tail(lane).is_none_or(|tail| key >= key_of(entries, tail)) {
-            self.runs.push_back(entries, lane, index);
-            self.positions[index as usize] = IN_RUN;
+        if let Some(run) = self.run_for(lane, key) {
+            self.runs[run].push_back(entries, lane, index);
+            self.last_keys[run][lane] = key;
+            self.positions[index as usize] = IN_RUN - stored(run);
             return;
         }
         entries.get_mut(index).lane = u8::try_from(lane).unwrap_or(NO_LANE);
@@ -178,10 +196,26 @@ impl<const N: usize> HeapLanes<N> {
         sift_up(heap, &mut self.positions, last);
     }
 
+    /// The run of `lane` a release with `key` joins: the one whose latest key
+    /// is the highest at or below it, else an empty one; None for the heap.
+    #[inline]
+    fn run_for(&self, lane: usize, key: (i64, u64)) -> Option<usize> {
+        let [first, second] = [0, 1].map(|run| self.runs[run].tail(lane).map(|_| self.last_keys[run][lane]));
+        let fits = |last: Option<(i64, u64)>| last.is_some_and(|last| last <= key);
+        match (fits(first), fits(second)) {
+            (true, true) => Some(usize::from(second > first)),
+            (true, false) => Some(0),
+            (false, true) => Some(1),
+            (false, false) if first.is_none() => Some(0),
+            (false, false) if second.is_none() => Some(1),
+            (false, false) => None,
+        }
+    }
+
     pub(crate) fn remove<M>(&mut self, entries: &mut Table<Entry<M>>, index: u32) {
         let position = self.positions[index as usize];
-        if position == IN_RUN {
-            self.runs.unlink(entries, index);
+        if position > IN_RUN - stored(RUNS) {
+            self.runs[(IN_RUN - position) as usize].unlink(entries, index);
             return;
         }
         let entry = entries.get_mut(index);
@@ -203,7 +237,7 @@ impl<const N: usize> HeapLanes<N> {
     /// Empties every lane, keeping the storage. The entries it held keep
     /// their `lane`; their links and positions are no longer read.
     pub(crate) fn clear(&mut self) {
-        self.runs = ListLanes::default();
+        self.runs = [ListLanes::default(), ListLanes::default()];
         for heap in &mut self.heaps {
             heap.clear();
         }
@@ -211,21 +245,23 @@ impl<const N: usize> HeapLanes<N> {
 
     /// The first non-empty lane's lowest entry.
     pub(crate) fn first<M: HeapKey>(&self, entries: &Table<Entry<M>>) -> Option<u32> {
-        (0..N).find_map(|lane| match (self.runs.head(lane), self.heaps[lane].first()) {
-            (None, place) => place.map(|place| place.index),
-            (Some(head), Some(place)) if (place.rank, place.order) < key_of(entries, head) => Some(place.index),
-            (head, _) => head,
+        (0..N).find_map(|lane| {
+            let heads = self.runs.iter().filter_map(|run| run.head(lane)).map(|head| (key_of(entries, head), head));
+            let top = self.heaps[lane].first().map(|place| ((place.rank, place.order), place.index));
+            heads.chain(top).min().map(|(_, index)| index)
         })
     }
 
     /// Every lane's entries, lane by lane, lowest first.
     pub(crate) fn walk<M: HeapKey>(&self, entries: &Table<Entry<M>>) -> Vec<u32> {
-        let mut in_runs = self.runs.walk(entries).into_iter().peekable();
+        let in_runs: Vec<u32> = self.runs.iter().flat_map(|run| run.walk(entries)).collect();
         let mut out = Vec::new();
         for (lane, heap) in self.heaps.iter().enumerate() {
             let mut places: Vec<((i64, u64), u32)> = heap.iter().map(|place| ((place.rank, place.order), place.index)).collect();
-            while let Some(index) = in_runs.next_if(|&index| usize::from(entries.get(index).lane) == lane) {
-                places.push((key_of(entries, index), index));
+            for &index in &in_runs {
+                if usize::from(entries.get(index).lane) == lane {
+                    places.push((key_of(entries, index), index));
+                }
             }
             places.sort_unstable();
             out.extend(places.into_iter().map(|(_, index)| index));
@@ -274,7 +310,73 @@ fn sink_hole(heap: &mut [Place], positions: &mut [u32], mut position: usize) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::rank_of;
+    use std::collections::BTreeSet;
+
+    use super::super::entries::{Entry, Referrers};
+    use super::super::keys::Key;
+    use super::super::table::Table;
+    use super::{rank_of, HeapKey, HeapLanes};
+
+    #[derive(Debug, Clone, Copy, Default)]
+    struct Keyed(f64, u64);
+
+    impl HeapKey for Keyed {
+        fn heap_key(&self) -> (f64, u64) {
+            (self.0, self.1)
+        }
+    }
+
+    /// Two rising sequences interleaved (an item released once, then one hit
+    /// often), with a release below both now and then and removals from
+    /// anywhere: the lanes give the lowest key first, as a sorted set does.
+    #[test]
+    fn the_lowest_key_comes_first_across_both_runs_and_the_heap() {
+        let mut entries: Table<Entry<Keyed>> = Table::default();
+        let mut lanes: HeapLanes<2> = HeapLanes::default();
+        let mut model: [BTreeSet<((i64, u64), u32)>; 2] = [BTreeSet::new(), BTreeSet::new()];
+        let mut seed = 0x2545_f491_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for release in 0..4_000_u64 {
+            let lane = usize::from(next(8) == 0);
+            let priority = match next(10) {
+                0 => 0.5,                                                       // below both runs: the heap
+                1..=5 => 1.0,                                                   // the run of items released once
+                _ => 2.0 + f64::from(u32::try_from(release / 50).unwrap_or(0)), // the run of items hit often
+            };
+            let index = entries.insert(Entry::new(Key::from(format!("item-{release}").as_str()), release, 1, Referrers::None, 0));
+            entries.get_mut(index).meta = Keyed(priority, release);
+            lanes.push(&mut entries, lane, index);
+            model[lane].insert(((rank_of(priority), release), index));
+            if next(3) == 0 {
+                // Take back an arbitrary entry, as a hit does.
+                let all: Vec<_> = model.iter().enumerate().flat_map(|(l, m)| m.iter().map(move |&k| (l, k))).collect();
+                let (l, key) = all[usize::try_from(next(all.len() as u64)).unwrap_or(0)];
+                lanes.remove(&mut entries, key.1);
+                model[l].remove(&key);
+                entries.remove(key.1);
+            }
+            if next(2) == 0 {
+                // Evict, as an allocation that needs room does.
+                let expected = model.iter().find_map(|m| m.first().copied());
+                assert_eq!(lanes.first(&entries), expected.map(|(_, index)| index), "after release {release}");
+                if let Some(key) = expected {
+                    let l = usize::from(!model[0].contains(&key));
+                    lanes.remove(&mut entries, key.1);
+                    model[l].remove(&key);
+                    entries.remove(key.1);
+                }
+            }
+        }
+        let walked = lanes.walk(&entries);
+        let expected: Vec<u32> = model.iter().flat_map(|m| m.iter().map(|&(_, index)| index)).collect();
+        assert_eq!(walked, expected);
+        assert!(lanes.heaps.iter().any(|heap| !heap.is_empty()), "some releases went to the heap");
+    }
 
     #[test]
     fn ranks_order_as_total_cmp_orders_the_floats() {
