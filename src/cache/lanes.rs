@@ -246,9 +246,15 @@ impl<const N: usize> HeapLanes<N> {
     /// The first non-empty lane's lowest entry.
     pub(crate) fn first<M: HeapKey>(&self, entries: &Table<Entry<M>>) -> Option<u32> {
         (0..N).find_map(|lane| {
-            let heads = self.runs.iter().filter_map(|run| run.head(lane)).map(|head| (key_of(entries, head), head));
-            let top = self.heaps[lane].first().map(|place| ((place.rank, place.order), place.index));
-            heads.chain(top).min().map(|(_, index)| index)
+            let top = self.heaps[lane].first();
+            match [self.runs[0].head(lane), self.runs[1].head(lane)] {
+                [None, None] => top.map(|place| place.index),
+                [Some(head), None] | [None, Some(head)] if top.is_none() => Some(head),
+                heads => {
+                    let in_runs = heads.into_iter().flatten().map(|head| (key_of(entries, head), head));
+                    in_runs.chain(top.map(|place| ((place.rank, place.order), place.index))).min().map(|(_, index)| index)
+                }
+            }
         })
     }
 
