@@ -214,8 +214,10 @@ impl<const N: usize> HeapLanes<N> {
 
     pub(crate) fn remove<M>(&mut self, entries: &mut Table<Entry<M>>, index: u32) {
         let position = self.positions[index as usize];
-        if position > IN_RUN - stored(RUNS) {
-            self.runs[(IN_RUN - position) as usize].unlink(entries, index);
+        // A heap position, or NIL (never placed), wraps to far past the runs.
+        let run = IN_RUN.wrapping_sub(position) as usize;
+        if run < RUNS {
+            self.runs[run].unlink(entries, index);
             return;
         }
         let entry = entries.get_mut(index);
