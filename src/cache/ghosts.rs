@@ -50,6 +50,13 @@ pub(crate) fn stale_outnumber_live(places: usize, live: usize) -> bool {
     places > 2 * live + 64
 }
 
+/// A place's stamp. Stamps wrap, which is safe: a stale place is dropped,
+/// by compaction (see [`stale_outnumber_live`]) or as the oldest, within a
+/// few times `BOUND` insertions, far fewer than the 2^32 after which its
+/// stamp comes round again, so a stale place never matches its item's live
+/// stamp. 32 bits keep a map entry with a count to 16 bytes.
+type Stamp = u32;
+
 /// A map keyed by 64-bit item hashes.
 pub(crate) type HashKeyed<V> = HashMap<u64, V, BuildHasherDefault<OwnHash>>;
 
@@ -58,10 +65,10 @@ pub(crate) type HashKeyed<V> = HashMap<u64, V, BuildHasherDefault<OwnHash>>;
 #[derive(Debug, Clone)]
 pub(crate) struct GhostMap<V, const BOUND: usize> {
     /// Hash -> (stamp of its place in `order`, value).
-    by_hash: HashKeyed<(u64, V)>,
+    by_hash: HashKeyed<(Stamp, V)>,
     /// (stamp, hash), oldest first; some places stale.
-    order: VecDeque<(u64, u64)>,
-    last_stamp: u64,
+    order: VecDeque<(Stamp, u64)>,
+    last_stamp: Stamp,
 }
 
 impl<V, const BOUND: usize> Default for GhostMap<V, BOUND> {
@@ -90,7 +97,7 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
 
     /// Remembers `hash` with `value` as the newest.
     pub(crate) fn insert(&mut self, hash: u64, value: V) -> Inserted<V> {
-        self.last_stamp += 1;
+        self.last_stamp = self.last_stamp.wrapping_add(1);
         let had = self.by_hash.insert(hash, (self.last_stamp, value));
         self.order.push_back((self.last_stamp, hash));
         if let Some((_, had)) = had {
@@ -178,6 +185,20 @@ mod tests {
         ghosts.insert(8, 1);
         assert!(ghosts.order.len() <= 2 * ghosts.len() + 64, "compacted: {} places", ghosts.order.len());
         assert_eq!(ghosts.pop_oldest(), Some((8, 1)), "stale places are skipped");
+    }
+
+    #[test]
+    fn stamps_that_wrap_keep_the_order_and_skip_stale_places() {
+        let mut ghosts = GhostMap::<u64, 8> { last_stamp: u32::MAX - 2, ..GhostMap::default() };
+        assert_eq!(ghosts.insert(1, 10), Inserted::New); // stamp MAX - 1
+        assert_eq!(ghosts.insert(2, 20), Inserted::New); // stamp MAX
+        assert_eq!(ghosts.insert(3, 30), Inserted::New); // stamp 0
+        assert_eq!(ghosts.insert(1, 11), Inserted::Replaced(10), "its first place, stamped before the wrap, is stale");
+        let mut order = Vec::new();
+        while let Some(oldest) = ghosts.pop_oldest() {
+            order.push(oldest);
+        }
+        assert_eq!(order, [(2, 20), (3, 30), (1, 11)]);
     }
 
     #[test]
