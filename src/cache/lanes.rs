@@ -123,6 +123,24 @@ impl Place {
     }
 }
 
+/// Which of two rising runs, whose last keys are `lasts` (None: empty), a
+/// new `key` joins so that both keep rising: the one whose last key is the
+/// highest at or below it, else an empty one; None if it fits neither.
+/// Choosing the tightest fit leaves the other run free for a lower sequence.
+#[inline]
+pub(super) fn run_to_join<K: Ord + Copy>(lasts: [Option<K>; 2], key: K) -> Option<usize> {
+    let [first, second] = lasts;
+    let fits = |last: Option<K>| last.is_some_and(|last| last <= key);
+    match (fits(first), fits(second)) {
+        (true, true) => Some(usize::from(second > first)),
+        (true, false) => Some(0),
+        (false, true) => Some(1),
+        (false, false) if first.is_none() => Some(0),
+        (false, false) if second.is_none() => Some(1),
+        (false, false) => None,
+    }
+}
+
 /// Where an entry of a [`HeapLanes`] is while in run `r`: `IN_RUN - r`;
 /// below that, its heap position.
 const IN_RUN: u32 = NIL - 1;
@@ -196,20 +214,11 @@ impl<const N: usize> HeapLanes<N> {
         sift_up(heap, &mut self.positions, last);
     }
 
-    /// The run of `lane` a release with `key` joins: the one whose latest key
-    /// is the highest at or below it, else an empty one; None for the heap.
+    /// The run of `lane` a release with `key` joins (see [`run_to_join`]);
+    /// None for the heap.
     #[inline]
     fn run_for(&self, lane: usize, key: (i64, u64)) -> Option<usize> {
-        let [first, second] = [0, 1].map(|run| self.runs[run].tail(lane).map(|_| self.last_keys[run][lane]));
-        let fits = |last: Option<(i64, u64)>| last.is_some_and(|last| last <= key);
-        match (fits(first), fits(second)) {
-            (true, true) => Some(usize::from(second > first)),
-            (true, false) => Some(0),
-            (false, true) => Some(1),
-            (false, false) if first.is_none() => Some(0),
-            (false, false) if second.is_none() => Some(1),
-            (false, false) => None,
-        }
+        run_to_join([0, 1].map(|run| self.runs[run].tail(lane).map(|_| self.last_keys[run][lane])), key)
     }
 
     pub(crate) fn remove<M>(&mut self, entries: &mut Table<Entry<M>>, index: u32) {

@@ -25,7 +25,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use super::entries::NIL;
 use super::frequency_memory::FREQUENCY_MEMORY;
 use super::ghosts::{stale_outnumber_live, HashKeyed};
-use super::lanes::rank_of;
+use super::lanes::{rank_of, run_to_join};
 use super::policies::Policy;
 
 /// Acquisitions after which both shadows' counts of encoded embeddings are halved.
@@ -103,20 +103,10 @@ impl Places {
     /// Appends `place` to the run whose last place is the highest at or
     /// below it, else to an empty run, else to the heap.
     fn push(&mut self, place: Place) {
-        let [first, second] = [self.runs[0].back().copied(), self.runs[1].back().copied()];
-        let fits = |last: Option<Place>| last.is_some_and(|last| last <= place);
-        let run = match (fits(first), fits(second)) {
-            (true, true) => usize::from(second > first),
-            (true, false) => 0,
-            (false, true) => 1,
-            (false, false) if first.is_none() => 0,
-            (false, false) if second.is_none() => 1,
-            (false, false) => {
-                self.heap.push(Reverse(place));
-                return;
-            }
-        };
-        self.runs[run].push_back(place);
+        match run_to_join([self.runs[0].back().copied(), self.runs[1].back().copied()], place) {
+            Some(run) => self.runs[run].push_back(place),
+            None => self.heap.push(Reverse(place)),
+        }
     }
 
     fn pop(&mut self) -> Option<Place> {
