@@ -435,6 +435,26 @@ def test_scheduler_passes_vllms_chunked_mm_setting(scheduler_cls, chunked_mm):
     assert num_new_tokens == (8 if chunked_mm else 4)
 
 
+def test_scheduler_answers_steps_past_every_item_without_the_manager(scheduler_cls):
+    scheduler = _scheduler(scheduler_cls)
+    request = _request("r", [("x", 0, 8), ("y", 10, 8)])
+    assert request.num_prompt_tokens == 18
+
+    def unexpected(*args, **kwargs):
+        raise AssertionError("the manager was called")
+
+    scheduler.encoder_cache_manager.try_schedule_encoder_inputs = unexpected
+    # Decoding (computed tokens at the prompt's end), or a step of no tokens: nothing to schedule.
+    for computed, new_tokens in [(18, 1), (40, 3), (4, 0)]:
+        to_encode, num_new, budget, remote, repeated = scheduler._try_schedule_encoder_inputs(
+            request, computed, new_tokens, 100
+        )
+        assert (list(to_encode), num_new, budget, list(remote), list(repeated)) == ([], new_tokens, 100, [], [])
+    # An item still ahead goes to the manager.
+    with pytest.raises(AssertionError, match="manager was called"):
+        scheduler._try_schedule_encoder_inputs(request, 17, 1, 100)
+
+
 def test_encoder_decoder_scheduler_frees_all_once_decoding_started(scheduler_cls):
     scheduler = _scheduler(scheduler_cls, manager_cls=None, enc_dec=True, cache_size=100)
     request = _request("r", [("audio", 0, 30)])

@@ -121,5 +121,10 @@ class Request:
     def has_encoder_inputs(self) -> bool:
         return len(self.mm_features) > 0
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        """The shortest prompt that holds every item: the end of the last placeholder (0 without items)."""
+        return max((f.mm_position.offset + f.mm_position.length for f in self.mm_features), default=0)
+
     def get_num_encoder_embeds(self, input_id: int) -> int:
         return self.mm_features[input_id].mm_position.get_num_embeds()

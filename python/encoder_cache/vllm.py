@@ -238,6 +238,12 @@ def _log_capacity(size: int, vllm_size: int, per_embed: int, options: ManagerOpt
         )
 
 
+#: The empty input lists of a step that schedules nothing, answered without Rust: an empty
+#: tuple, which costs nothing to make. vLLM's ``schedule()`` only tests these for truth (it
+#: concatenates or stores them only when one is not empty, and those come from Rust as lists).
+_NO_INPUTS: Any = ()
+
+
 class _StepLevelEncoderInputs:
     """The encoder-input loops of vLLM 0.33's scheduler, done in Rust.
 
@@ -325,13 +331,17 @@ class _StepLevelEncoderInputs:
         shift_computed_tokens: int = 0,
     ) -> StepResult:
         if not self.is_encoder_decoder:
+            # Every placeholder lies in the prompt, so a request whose computed tokens reach the
+            # prompt's end (every decoding step) has an empty window, as has a step of no tokens.
+            if num_computed_tokens >= request.num_prompt_tokens or not num_new_tokens:
+                return _NO_INPUTS, num_new_tokens, encoder_compute_budget, _NO_INPUTS, _NO_INPUTS
             features = request.mm_features
-            if not num_new_tokens or not features:
-                return [], num_new_tokens, encoder_compute_budget, [], []
+            if not features:
+                return _NO_INPUTS, num_new_tokens, encoder_compute_budget, _NO_INPUTS, _NO_INPUTS
             last = features[-1].mm_position
             if num_computed_tokens >= last.offset + last.length:
                 # Past every item (features are sorted): vLLM's window is empty.
-                return [], num_new_tokens, encoder_compute_budget, [], []
+                return _NO_INPUTS, num_new_tokens, encoder_compute_budget, _NO_INPUTS, _NO_INPUTS
         self._drained.discard(request.request_id)
         connector = self.ec_connector
         return self.encoder_cache_manager.try_schedule_encoder_inputs(
