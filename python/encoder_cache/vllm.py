@@ -330,18 +330,16 @@ class _StepLevelEncoderInputs:
         encoder_compute_budget: int,
         shift_computed_tokens: int = 0,
     ) -> StepResult:
-        if not self.is_encoder_decoder:
-            # Every placeholder lies in the prompt, so a request whose computed tokens reach the
-            # prompt's end (every decoding step) has an empty window, as has a step of no tokens.
-            if num_computed_tokens >= request.num_prompt_tokens or not num_new_tokens:
-                return _NO_INPUTS, num_new_tokens, encoder_compute_budget, _NO_INPUTS, _NO_INPUTS
-            features = request.mm_features
-            if not features:
-                return _NO_INPUTS, num_new_tokens, encoder_compute_budget, _NO_INPUTS, _NO_INPUTS
-            last = features[-1].mm_position
-            if num_computed_tokens >= last.offset + last.length:
-                # Past every item (features are sorted): vLLM's window is empty.
-                return _NO_INPUTS, num_new_tokens, encoder_compute_budget, _NO_INPUTS, _NO_INPUTS
+        # vLLM's window is empty for a step of no tokens and once the computed tokens are past
+        # every item: checked first against the prompt's end, as every placeholder lies in the
+        # prompt (each decoding step returns there), then against the last item's end.
+        if not self.is_encoder_decoder and (
+            num_computed_tokens >= request.num_prompt_tokens
+            or not num_new_tokens
+            or not (features := request.mm_features)
+            or num_computed_tokens >= (last := features[-1].mm_position).offset + last.length
+        ):
+            return _NO_INPUTS, num_new_tokens, encoder_compute_budget, _NO_INPUTS, _NO_INPUTS
         self._drained.discard(request.request_id)
         connector = self.ec_connector
         return self.encoder_cache_manager.try_schedule_encoder_inputs(
