@@ -6,7 +6,7 @@ placeholder's ``get_num_embeds()`` (its first call runs torch's ``cumsum``).
 
 - ``read: tolist+bytes``, ``read: numpy+bytes``, ``read: numpy().tobytes()``:
   the mask's bytes through each route (the bindings take the first for
-  masks of up to 64 entries, the last for longer ones);
+  masks of up to 128 entries, the last for longer ones);
 - ``first sight``: one step-level call for a request and placeholder never
   seen before, each round on fresh objects (``vllm`` and ``rust``).
 

@@ -199,12 +199,12 @@ class TensorMask:
 
 
 @pytest.mark.parametrize("cls", SHARED, ids=ids)
-@pytest.mark.parametrize("length", [8, 64, 65, 600])
+@pytest.mark.parametrize("length", [8, 128, 129, 600])
 @pytest.mark.parametrize(
     ("dtype", "on_cpu"), [(bool, True), (np.int64, True), (bool, False)], ids=["bool", "int64", "off-cpu"]
 )
 def test_tensor_masks(cls: type, length: int, dtype: Any, on_cpu: bool) -> None:
-    """A tensor mask is read once: by ``tolist()`` up to 64 entries, and past
+    """A tensor mask is read once: by ``tolist()`` up to 128 entries, and past
     that as its numpy view's bytes, or through ``tolist()`` when its entries
     are not a byte each or it has no numpy view. Either way the embeddings
     are its true entries and a step covering only its break tokens encodes
@@ -219,7 +219,7 @@ def test_tensor_masks(cls: type, length: int, dtype: Any, on_cpu: bool) -> None:
     assert manager.try_schedule_encoder_inputs(req, 0, length, 1000) == ([0], length, 1000 - sum(values), [], [])
     if cls.__module__.startswith("encoder_cache.reference"):
         return  # the twin reads masks with numpy
-    if length <= 64:
+    if length <= 128:
         assert mask.used == ["tolist"]
     else:
         assert mask.used == (["numpy"] if dtype is bool and on_cpu else ["numpy", "tolist"])

@@ -70,7 +70,7 @@ SCENARIOS = {
     "multi-turn": (harness.Setup(), dict(seed=1, num_conversations=12, num_turns=4)),
     # vLLM never splits an image across steps.
     "whole-images": (harness.Setup(disable_chunked_mm_input=True), dict(seed=2, num_conversations=12, num_turns=4)),
-    # Masks of 96 to 400 entries, read as their numpy views' bytes.
+    # Masks of 96 to 400 entries: 96 read with tolist(), 200 and 400 as their numpy views' bytes.
     "long-masks": (
         harness.Setup(
             max_image_tokens=400, encoder_cache_size=1200, encoder_compute_budget=800, max_num_batched_tokens=512

@@ -157,12 +157,16 @@ pub(crate) fn known_unmasked_length(feature: &Bound<'_, PyAny>) -> Option<u64> {
 }
 
 /// Masks of up to this many entries that are torch tensors are read with
-/// `tolist()`, longer ones through their numpy view. Alone the two cost
-/// about the same at 48 entries (`benches/bench_masks.py`), but inside
-/// vLLM's real step the numpy route's fixed cost (torch's dispatcher, cold
-/// there) is higher: with it for masks of 16 to 32 entries,
-/// `image-sets-3-turns`'s encoder methods took about 20% longer.
-const SHORT_TENSOR_MASK: u64 = 64;
+/// `tolist()`, longer ones through their numpy view. Alone and warm, the
+/// numpy route is the cheaper one from about 48 entries on
+/// (`benches/bench_masks.py`). Inside vLLM's real step the first sight of a
+/// request runs once or twice between long stretches of Python and finds the
+/// numpy route's code cold: there, on `chat-4-turns` (masks of 48 to 128
+/// entries), the encoder methods spend 1.3 to 2.1 µs a step less reading the
+/// 96- and 128-entry masks with `tolist()` than through numpy (three pairs
+/// of runs), and on masks of 192 to 384 entries `tolist()` costs 1 to 3 µs a
+/// step more.
+const SHORT_TENSOR_MASK: u64 = 128;
 
 /// An `mm_position.is_embed` mask of a placeholder of `length` tokens, or
 /// None without one. Read as bytes in one call where the mask allows it
