@@ -184,6 +184,58 @@ def test_evicted_memory():
         assert _reencodes_after_evictions(cls, memory + 1, "item1") == 1
 
 
+def _remembered_frequency(cls, policy: str, cache_size: int, one_offs: int, resize_to: int | None = None) -> int:
+    """``hot``, acquired three times, is evicted by the first of ``one_offs``
+    items that each fill the cache (each evicting the one before); with
+    ``resize_to`` the cache is then resized and filled by one more one-off.
+    ``hot`` is allocated again: its frequency, 4 if its count was still
+    remembered, else 1."""
+    manager = cls(cache_size, policy=policy)
+    hot = make_request("hot", ["hot"] * 3, [1] * 3)
+    manager.allocate(hot, 0)
+    assert manager.check_and_update_cache(hot, 1) and manager.check_and_update_cache(hot, 2)
+    manager.free(hot)
+    for n in range(one_offs):
+        request = make_request(f"r{n}", [f"once{n}"], [cache_size])
+        assert manager.can_allocate(request, 0, cache_size, 0)
+        manager.allocate(request, 0)
+        manager.free(request)
+    if resize_to is not None:
+        manager.cache_size = resize_to
+        request = make_request("filler", ["filler"], [resize_to])
+        assert manager.can_allocate(request, 0, resize_to, 0)
+        manager.allocate(request, 0)
+        manager.free(request)
+    again = make_request("again", ["hot"], [1])
+    assert manager.can_allocate(again, 0, 1, 0)
+    manager.allocate(again, 0)
+    manager.free(again)
+    return manager.snapshot()["entries"]["hot"].get("frequency", 1)
+
+
+@pytest.mark.parametrize("policy", ["lfu-ghost", "duel"])
+def test_frequency_memory_bound(policy):
+    """Both sides remember the counts of as many evicted items, growing with
+    the cache, and forget the same one first; a shrunk cache's bound applies
+    from its next eviction."""
+    from encoder_cache.reference.frequency_memory import (
+        FREQUENCY_MEMORY,
+        FREQUENCY_MEMORY_EMBEDS,
+        frequency_memory_bound,
+    )
+
+    small, large = 4096, 3000 * FREQUENCY_MEMORY_EMBEDS
+    assert frequency_memory_bound(small) == FREQUENCY_MEMORY and frequency_memory_bound(large) == 3000
+    for cache_size in (small, large):
+        bound = frequency_memory_bound(cache_size)
+        # hot's eviction, then one per one-off but the first, then the last one-off's (to make room for hot).
+        remembered = [_remembered_frequency(cls, policy, cache_size, bound - 1) for cls in (RUST, TWIN)]
+        forgotten = [_remembered_frequency(cls, policy, cache_size, bound) for cls in (RUST, TWIN)]
+        assert remembered == [4, 4] and forgotten == [1, 1], (cache_size, remembered, forgotten)
+    shrunk = [_remembered_frequency(cls, policy, large, 2500, resize_to=small) for cls in (RUST, TWIN)]
+    assert shrunk == [1, 1], "the first eviction after the resize trims the memory to the small cache's bound"
+
+
 def test_event_log_bound():
     """Both logs keep identifiers pending up to the same default bound, and overflow past it."""
     bound = reference.EVENT_LOG_MAX_PENDING

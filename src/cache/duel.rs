@@ -194,6 +194,7 @@ impl EvictionPolicy for Duel {
     }
 
     fn sized(&mut self, cache_size: u64) {
+        self.lfu.sized(cache_size);
         self.shadows.resize(cache_size);
     }
 

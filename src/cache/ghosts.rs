@@ -90,7 +90,7 @@ pub(crate) enum Inserted<V> {
 
 impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
     /// How many items are remembered.
-    #[cfg(test)]
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.by_hash.len()
     }

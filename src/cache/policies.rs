@@ -516,6 +516,10 @@ impl EvictionPolicy for GhostLfu {
         self.gdsf.meta_with(frequency, num_embeds)
     }
 
+    fn sized(&mut self, cache_size: u64) {
+        self.memory.sized(cache_size);
+    }
+
     fn admit(&mut self, hash: u64, _num_embeds: u64) -> GdsfMeta {
         GdsfMeta::with_frequency(self.memory.take(hash).saturating_add(1))
     }

@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use super::entries::NIL;
-use super::frequency_memory::FREQUENCY_MEMORY;
+use super::frequency_memory::{frequency_memory_bound, FREQUENCY_MEMORY};
 use super::ghosts::{stale_outnumber_live, HashKeyed};
 use super::lanes::{rank_of, run_to_join};
 use super::policies::Policy;
@@ -158,10 +158,13 @@ pub(crate) struct Shadows {
     /// The LFU shadow's order; a place is live while its item is held there with that sequence.
     places: Places,
     /// (when evicted, slot) of the LFU shadow's evictions, oldest first; the
-    /// last [`FREQUENCY_MEMORY`] remembered keep their counts.
+    /// last `memory_bound` remembered keep their counts.
     evictions: VecDeque<(u64, u32)>,
     held: usize,
     remembered: usize,
+    /// How many evicted items the LFU shadow remembers, as `lfu-ghost`'s
+    /// frequency memory does for a cache of `capacity` embeddings.
+    memory_bound: usize,
     lfu_used: u64,
     /// Embeddings each would have encoded (LRU, LFU), halved every [`SHADOW_HALF_LIFE`] acquisitions.
     encoded: [u64; 2],
@@ -183,6 +186,7 @@ impl Default for Shadows {
             evictions: VecDeque::new(),
             held: 0,
             remembered: 0,
+            memory_bound: FREQUENCY_MEMORY,
             lfu_used: 0,
             encoded: [0, 0],
             acquisitions: 0,
@@ -191,9 +195,12 @@ impl Default for Shadows {
 }
 
 impl Shadows {
-    /// Both shadows now hold up to `capacity` embeddings (from their next miss on).
+    /// Both shadows now hold up to `capacity` embeddings (from their next
+    /// miss on), and the LFU one remembers as many evicted items as
+    /// `lfu-ghost` does in a cache of that size (from its next eviction on).
     pub(crate) fn resize(&mut self, capacity: u64) {
         self.capacity = capacity;
+        self.memory_bound = frequency_memory_bound(capacity);
     }
 
     /// The item `hash` of `num_embeds` was acquired (a hit or an allocation).
@@ -354,13 +361,12 @@ impl Shadows {
         self.held -= 1;
         self.remembered += 1;
         self.evictions.push_back((self.sequence, victim));
-        if self.remembered > FREQUENCY_MEMORY {
-            self.forget_oldest();
-        }
+        while self.remembered > self.memory_bound && self.forget_oldest() {}
     }
 
-    /// Forgets the count of the item the LFU shadow evicted longest ago and still remembers.
-    fn forget_oldest(&mut self) {
+    /// Forgets the count of the item the LFU shadow evicted longest ago and
+    /// still remembers; false if it remembers none.
+    fn forget_oldest(&mut self) -> bool {
         while let Some((evicted, slot)) = self.evictions.pop_front() {
             let node = &mut self.nodes[slot as usize];
             if node.remembered_since(evicted) {
@@ -369,9 +375,10 @@ impl Shadows {
                 if !node.in_lru {
                     self.release(slot);
                 }
-                return;
+                return true;
             }
         }
+        false
     }
 
     /// Frees the node at `slot`, which neither shadow holds or remembers.
@@ -463,6 +470,27 @@ mod tests {
         assert!(!shadows.lfu_leads());
         shadows.encoded = [25_701, 25_600];
         assert!(shadows.lfu_leads());
+    }
+
+    #[test]
+    fn the_lfu_shadow_remembers_as_many_evicted_items_as_lfu_ghost_would() {
+        use super::super::frequency_memory::{FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS};
+        let mut shadows = Shadows::default();
+        shadows.resize(640);
+        for k in 0..4 * FREQUENCY_MEMORY as u64 {
+            shadows.acquire(k, 64);
+        }
+        assert_eq!(shadows.remembered, FREQUENCY_MEMORY, "a small cache: the least bound");
+        let large = 3000 * FREQUENCY_MEMORY_EMBEDS;
+        shadows.resize(large);
+        assert_eq!(shadows.remembered, FREQUENCY_MEMORY, "nothing changes before the next eviction");
+        for k in 0..8000 {
+            shadows.acquire(1_000_000 + k, 64);
+        }
+        assert_eq!(shadows.remembered, 3000, "one per {FREQUENCY_MEMORY_EMBEDS} embeddings");
+        shadows.resize(640);
+        shadows.acquire(2_000_000, 64);
+        assert_eq!(shadows.remembered, FREQUENCY_MEMORY, "shrunk at its next eviction");
     }
 
     #[test]

@@ -17,7 +17,8 @@ for comparison:
 
 Modules: ``manager`` (the cache), ``steps`` (the step-level API),
 ``encoder_decoder``, ``variants``, ``policies`` (eviction policies and the
-interface of a custom one), ``state`` (snapshots parsed and checked against
+interface of a custom one), ``frequency_memory`` and ``shadows`` (what
+``lfu-ghost`` and ``duel`` keep beside their orders), ``state`` (snapshots parsed and checked against
 the invariants) and ``request_fields`` (reading a request).
 
 Nothing in the runtime package (``encoder_cache``, ``encoder_cache.vllm``)

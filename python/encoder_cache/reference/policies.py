@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
+from encoder_cache.reference.frequency_memory import FREQUENCY_MEMORY, FrequencyMemory
 from encoder_cache.reference.shadows import Shadows
 
 __all__ = [
@@ -45,9 +46,6 @@ POLICIES = ("vllm", "gdsf", "s3fifo", "lfu-ghost", "arc", "duel")
 
 #: The policy the name "auto" selects: the recommended one.
 RECOMMENDED = "duel"
-
-#: How many evicted items ``lfu-ghost`` remembers the counts of.
-FREQUENCY_MEMORY = 8192
 
 #: GDSF's encoder-cost model: encoding ``n`` embeddings costs ``n + n**2 / C``
 #: (a linear term for the MLP and projection, a quadratic one for the vision
@@ -322,7 +320,8 @@ class GhostLfuPolicy(GdsfPolicy):
 
     :class:`GdsfPolicy`'s heap and tie-breaks with priority ``frequency * cost
     / size`` and no aging (the clock stays 0), and a memory of the counts of
-    the last :data:`FREQUENCY_MEMORY` items evicted: an item allocated again
+    the last items evicted (:class:`~encoder_cache.reference.frequency_memory.FrequencyMemory`,
+    at least :data:`FREQUENCY_MEMORY` of them, more in a large cache): an item allocated again
     resumes the count it had when evicted (plus this allocation), so a popular
     item pushed out by a burst of one-off items comes back ranked above them.
     O(log n) per call, as GDSF; the memory adds O(1).
@@ -332,16 +331,18 @@ class GhostLfuPolicy(GdsfPolicy):
 
     def __init__(self, cost_scale: float = GDSF_COST_SCALE) -> None:
         super().__init__(cost_scale)
-        #: identifier -> count at eviction, oldest eviction first.
-        self.memory: dict[str, int] = {}
+        self.memory = FrequencyMemory()
 
     def reset(self) -> None:
         super().reset()
         self.memory.clear()
 
+    def sized(self, cache_size: int) -> None:
+        self.memory.sized(cache_size)
+
     def admitted(self, identifier: str, num_embeds: int) -> None:
         super().admitted(identifier, num_embeds)
-        self.frequency[identifier] = self.memory.pop(identifier, 0) + 1
+        self.frequency[identifier] = self.memory.take(identifier) + 1
 
     def released(self, identifier: str, tier: int) -> None:
         self.release_at(identifier, tier, self.frequency[identifier] * self.value(identifier))
@@ -350,9 +351,7 @@ class GhostLfuPolicy(GdsfPolicy):
         count = self.frequency[identifier]
         super().evicted(identifier)
         self.clock = 0.0
-        self.memory[identifier] = count
-        if len(self.memory) > FREQUENCY_MEMORY:
-            del self.memory[next(iter(self.memory))]
+        self.memory.insert(identifier, count)
 
 
 class ArcPolicy(EvictionPolicy):
@@ -489,14 +488,15 @@ class DuelPolicy(GhostLfuPolicy):
 
     def __init__(self, cost_scale: float = GDSF_COST_SCALE) -> None:
         super().__init__(cost_scale)
-        self.shadows = Shadows(0, cost_scale, FREQUENCY_MEMORY)
+        self.shadows = Shadows(0, cost_scale)
 
     def reset(self) -> None:
         super().reset()
-        self.shadows = Shadows(self.shadows.capacity, self.cost_scale, FREQUENCY_MEMORY)
+        self.shadows = Shadows(self.shadows.capacity, self.cost_scale)
 
     def sized(self, cache_size: int) -> None:
-        self.shadows.capacity = cache_size
+        super().sized(cache_size)
+        self.shadows.resize(cache_size)
 
     def admitted(self, identifier: str, num_embeds: int) -> None:
         self.shadows.acquire(identifier, num_embeds)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
+from encoder_cache.reference.frequency_memory import FrequencyMemory
+
 __all__ = ["SHADOW_HALF_LIFE", "SHADOW_NEAR_TIE", "Shadows"]
 
 #: Acquisitions after which both shadows' counts of encoded embeddings are halved.
@@ -40,13 +42,12 @@ class _ShadowLru:
 
 
 class _ShadowLfu:
-    def __init__(self, cost_scale: float, memory_bound: int) -> None:
+    def __init__(self, cost_scale: float) -> None:
         self.cost_scale = cost_scale
-        self.memory_bound = memory_bound
         #: identifier -> [count, num_embeds, sequence of its live heap place]
         self.items: dict[str, list[int]] = {}
         self.heap: list[tuple[float, int, str]] = []
-        self.memory: OrderedDict[str, int] = OrderedDict()
+        self.memory = FrequencyMemory()
         self.used = 0
         self.sequence = 0
 
@@ -65,7 +66,7 @@ class _ShadowLfu:
                 self.heap = [p for p in self.heap if self.items.get(p[2], (0, 0, -1))[2] == p[1]]
                 heapq.heapify(self.heap)
             return 0
-        count = self.memory.pop(identifier, 0) + 1
+        count = self.memory.take(identifier) + 1
         self.used += num_embeds
         while self.used > capacity and self.items:
             _, sequence, victim = heapq.heappop(self.heap)
@@ -73,9 +74,7 @@ class _ShadowLfu:
             if held is not None and held[2] == sequence:
                 del self.items[victim]
                 self.used -= held[1]
-                self.memory[victim] = held[0]
-                if len(self.memory) > self.memory_bound:
-                    self.memory.popitem(last=False)
+                self.memory.insert(victim, held[0])
         item = [count, num_embeds, 0]
         self._place(identifier, item)
         self.items[identifier] = item
@@ -85,15 +84,22 @@ class _ShadowLfu:
 class Shadows:
     """The two shadow caches and what each would have encoded lately. The
     LFU one ranks as ``lfu-ghost`` does: ``count * (1 + n / cost_scale)``,
-    and remembers the counts of up to ``memory_bound`` evicted items."""
+    and remembers the counts of as many evicted items as ``lfu-ghost`` does
+    in a cache of ``capacity`` embeddings."""
 
-    def __init__(self, capacity: int, cost_scale: float, memory_bound: int) -> None:
-        self.capacity = capacity
+    def __init__(self, capacity: int, cost_scale: float) -> None:
         self._lru = _ShadowLru()
-        self._lfu = _ShadowLfu(cost_scale, memory_bound)
+        self._lfu = _ShadowLfu(cost_scale)
+        self.resize(capacity)
         #: Embeddings each would have encoded lately: [LRU, LFU].
         self.encoded = [0, 0]
         self._acquisitions = 0
+
+    def resize(self, capacity: int) -> None:
+        """Both shadows now hold up to ``capacity`` embeddings (from their next
+        miss on), and the LFU one's memory follows (from its next eviction on)."""
+        self.capacity = capacity
+        self._lfu.memory.sized(capacity)
 
     def acquire(self, identifier: str, num_embeds: int) -> None:
         """``identifier`` of ``num_embeds`` was acquired (a hit or an allocation)."""
