@@ -28,6 +28,7 @@ from conftest import OddRequest, make_request
 import encoder_cache
 from encoder_cache import MultiModalFeature, PlaceholderRange, Request, reference
 from encoder_cache.invariants import POLICY_RULES, RULES, InvariantError
+from encoder_cache.reference.frequency_memory import FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS, frequency_memory_bound
 
 ROOT = Path(__file__).resolve().parent.parent
 RUST = encoder_cache.EncoderCacheManager
@@ -218,12 +219,6 @@ def test_frequency_memory_bound(policy):
     """Both sides remember the counts of as many evicted items, growing with
     the cache, and forget the same one first; a shrunk cache's bound applies
     from its next eviction."""
-    from encoder_cache.reference.frequency_memory import (
-        FREQUENCY_MEMORY,
-        FREQUENCY_MEMORY_EMBEDS,
-        frequency_memory_bound,
-    )
-
     small, large = 4096, 3000 * FREQUENCY_MEMORY_EMBEDS
     assert frequency_memory_bound(small) == FREQUENCY_MEMORY and frequency_memory_bound(large) == 3000
     for cache_size in (small, large):
