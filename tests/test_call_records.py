@@ -67,6 +67,49 @@ def test_an_item_is_read_once_per_feature_object() -> None:
     assert manager.num_embeds_by_hash == {"a": 4, "b": 6}
 
 
+def test_known_classes_are_read_once_asking_only_a_masked_item_for_its_size(monkeypatch) -> None:
+    # With vLLM's or our own classes, an item's facts are read as fields at its
+    # first sight; only a masked item makes the request count its embeddings.
+    asked: list[int] = []
+    counted = encoder_cache.Request.get_num_encoder_embeds
+
+    def counting(self, input_id: int) -> int:
+        asked.append(input_id)
+        return counted(self, input_id)
+
+    monkeypatch.setattr(encoder_cache.Request, "get_num_encoder_embeds", counting)
+    mask = [True, False, True, True, False]
+    features = [
+        MultiModalFeature("a", PlaceholderRange(0, 4)),
+        MultiModalFeature("b", PlaceholderRange(5, 5, is_embed=mask)),
+        MultiModalFeature("c", PlaceholderRange(11, 2), modality="video"),
+    ]
+    rust, twin = encoder_cache.EncoderCacheManager(100), reference.EncoderCacheManager(100)
+    for manager in (twin, rust):
+        asked.clear()
+        request = encoder_cache.Request("r", features)
+        assert [schedule_one(manager, request, i) for i in range(3)] == [False, False, False]
+        assert [manager.get_cached_num_encoder_embeds(request, i) for i in range(3)] == [4, 3, 2]
+    assert asked == [1], "the Rust manager asks only for the masked item's size, once"
+    assert rust.num_embeds_by_hash == twin.num_embeds_by_hash == {"a": 4, "b": 3, "c": 2}
+    assert rust.stats()["by_modality"] == twin.stats()["by_modality"]
+
+
+def test_a_bad_field_of_a_known_class_is_refused_with_the_manager_usable() -> None:
+    manager = encoder_cache.EncoderCacheManager(100)
+    features = [MultiModalFeature("a", PlaceholderRange(0, 4)), MultiModalFeature("b", PlaceholderRange(5, 4))]
+    request = encoder_cache.Request("r", features)
+    assert not schedule_one(manager, request, 0)  # the request's record is made here
+    object.__setattr__(features[1], "identifier", 5)
+    with pytest.raises(TypeError, match=r"identifier must be str, not int"):
+        manager.check_and_update_cache(request, 1)
+    assert manager.get_cached_input_ids(request) == {0}, "the refusal changed nothing"
+    object.__setattr__(features[1], "identifier", "b")
+    assert not schedule_one(manager, request, 1)
+    assert manager.get_cached_input_ids(request) == {0, 1}
+    manager.check_invariants()
+
+
 class CountingId(CountingRequest):
     """A request, always "r", that counts reads of its ``request_id``."""
 

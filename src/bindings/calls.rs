@@ -11,9 +11,12 @@
 //! hashed names with handles: no string is hashed or copied. At an item's
 //! first sight, or for a replaced item, the call reads what is missing of
 //! the item from the kept list; without a record, or for an index past the
-//! kept list, it reads `request.mm_features[i]` afresh. Either read happens
-//! with the state not borrowed (so a read that calls back into the manager
-//! finds it usable); the call records it and borrows again.
+//! kept list, it reads `request.mm_features[i]` afresh. A read that may run
+//! Python code happens with the state not borrowed (so a read that calls
+//! back into the manager finds it usable); the call records it and borrows
+//! again. An item of a request the record knows, both of known classes (see
+//! `known_types`), is read at once under the one borrow: its facts are plain
+//! fields, unless a size must come from the request (a masked item).
 
 use std::ops::DerefMut;
 
@@ -189,6 +192,37 @@ impl<'py> CallReads<'py> {
         Ok(reads)
     }
 
+    /// What [`CallReads::read`] would read, read while the manager stays
+    /// borrowed; only when none of the reads can run Python code: the request
+    /// and item are of known classes (see `known_types`), the request id is
+    /// not needed, and a size, if needed, is the unmasked placeholder's
+    /// length. None when a read might run Python code, for `read` to make
+    /// with the manager not borrowed.
+    fn read_fields(request: &Bound<'py, PyAny>, feature: &Bound<'py, PyAny>, needs: Needs) -> Option<PyResult<Self>> {
+        let wanted = needs.identifier || needs.num_embeds || needs.modality;
+        if !wanted || needs.request_id != IdRead::Never || !is_known(request) || !is_known(feature) {
+            return None;
+        }
+        let mut reads = Self::default();
+        if needs.read_all || needs.num_embeds {
+            reads.num_embeds = known_unmasked_length(feature);
+            if needs.num_embeds && reads.num_embeds.is_none() {
+                return None; // masked, or not a known placeholder: the request is asked
+            }
+        }
+        let mut read = || -> PyResult<Self> {
+            if needs.read_all || needs.identifier {
+                let key = Key::from(identifier_of(feature)?.to_str()?);
+                reads.identifier = Some((key.clone(), hash_key(&key)));
+            }
+            if needs.read_all || needs.modality {
+                reads.modality = Some(modality_of(feature)?);
+            }
+            Ok(std::mem::take(&mut reads))
+        };
+        Some(read())
+    }
+
     fn input(&self) -> PyResult<Input<'_>> {
         let request_id = self.request_id.as_ref().map(|id| id.to_str().map(KeyArg::from)).transpose()?;
         let identifier = self.identifier.as_ref().map(|(key, hash)| KeyArg::hashed(key, *hash));
@@ -273,6 +307,32 @@ fn run_recorded<R: Answer, F: FnOnce(&mut EncoderCache, &Input<'_>) -> PyResult<
     Ok(out)
 }
 
+/// After [`run_recorded`] found the record lacking: reads what it lacks with
+/// the state still borrowed, when no read can run Python code (see
+/// [`CallReads::read_fields`]), records it and runs `op`; otherwise gives
+/// `op` back, with what is lacking.
+#[inline]
+#[allow(clippy::too_many_arguments)] // run_recorded's arguments, and the request and what is lacking
+fn run_read_fields<R: Answer, F: FnOnce(&mut EncoderCache, &Input<'_>) -> PyResult<R>>(
+    cache: &mut EncoderCache,
+    record: &mut RequestRecord,
+    request: &Bound<'_, PyAny>,
+    input_id: usize,
+    feature: &Bound<'_, PyAny>,
+    needs: Needs,
+    lacking: Needs,
+    op: F,
+) -> Result<PyResult<R>, (F, Needs)> {
+    match CallReads::read_fields(request, feature, lacking) {
+        None => Err((op, lacking)),
+        Some(Err(err)) => Ok(Err(err)),
+        Some(Ok(reads)) => {
+            reads.keep(record, input_id, feature);
+            run_recorded(cache, record, input_id, feature, needs, op)
+        }
+    }
+}
+
 /// Runs `op` on the manager's cache with input `input_id` of `request`, as
 /// `needs` asks (see the module's doc).
 pub(crate) fn with_input<'py, R: Answer>(
@@ -292,7 +352,9 @@ pub(crate) fn with_input<'py, R: Answer>(
         let state: &mut ManagerState<EncoderCache> = &mut guard;
         match state.records.get_mut(request) {
             Some(record) => match record.recorded_feature(py, input_id) {
-                Some(feature) => match run_recorded(&mut state.cache, record, input_id, &feature, needs, op) {
+                Some(feature) => match run_recorded(&mut state.cache, record, input_id, &feature, needs, op)
+                    .or_else(|(back, lacking)| run_read_fields(&mut state.cache, record, request, input_id, &feature, needs, lacking, back))
+                {
                     Ok(out) => return out,
                     Err((back, lacking)) => {
                         op = back;
