@@ -164,13 +164,15 @@ impl<'py> CallReads<'py> {
         let eager = needs.read_all && (needs.identifier || needs.num_embeds || needs.modality) && is_known(request) && is_known(feature);
         if eager {
             let key = Key::from(identifier_of(feature)?.to_str()?);
-            reads.identifier = Some((key.clone(), hash_key(&key)));
+            let hash = hash_key(&key);
+            reads.identifier = Some((key, hash));
             reads.modality = Some(modality_of(feature)?);
             reads.num_embeds = known_unmasked_length(feature);
         }
         if needs.identifier && reads.identifier.is_none() {
             let key = Key::from(identifier_of(feature)?.to_str()?);
-            reads.identifier = Some((key.clone(), hash_key(&key)));
+            let hash = hash_key(&key);
+            reads.identifier = Some((key, hash));
         }
         reads.request_id = match needs.request_id {
             IdRead::Never => None,
@@ -213,7 +215,8 @@ impl<'py> CallReads<'py> {
         let mut read = || -> PyResult<Self> {
             if needs.read_all || needs.identifier {
                 let key = Key::from(identifier_of(feature)?.to_str()?);
-                reads.identifier = Some((key.clone(), hash_key(&key)));
+                let hash = hash_key(&key);
+                reads.identifier = Some((key, hash));
             }
             if needs.read_all || needs.modality {
                 reads.modality = Some(modality_of(feature)?);
