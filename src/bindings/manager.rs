@@ -11,6 +11,7 @@ use super::calls::{free_request, with_input, with_request_id, Needs};
 use super::events::PyEventBatch;
 use super::methods::manager_methods;
 use super::modality;
+use super::records::RequestRecord;
 use super::request::{count, features, identifier, identifier_of, input_index, request_id, span_of};
 use super::shared::ManagerState;
 use super::state::{cache_state_from_dict, cache_state_to_dict};
@@ -196,42 +197,21 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
     // and the set is built afresh.
     fn get_cached_input_ids<'py>(slf: &Bound<'py, Self>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
         let py = slf.py();
+        {
+            let mut guard = slf.try_borrow_mut()?;
+            let state: &mut ManagerState<EncoderCache> = &mut guard;
+            if let Some(record) = state.records.get_mut(request) {
+                return held_ids_set(py, &state.cache, record);
+            }
+        }
         // A request seen for the first time gets its record here: vLLM asks
         // this of every running request on every step, also of one that
         // never looked up an item (its items all in its cached KV prefix).
+        let id = request_id(request)?; // may run Python code: read with the manager not borrowed
         let mut guard = slf.try_borrow_mut()?;
-        let id = if guard.records.get(request).is_some() {
-            None
-        } else {
-            drop(guard);
-            let id = request_id(request)?; // may run Python code: read with the manager not borrowed
-            guard = slf.try_borrow_mut()?;
-            Some(id)
-        };
-        // Built under the borrow: a set of ints runs no Python code.
         let state: &mut ManagerState<EncoderCache> = &mut guard;
-        let record = match &id {
-            Some(id) => state.records.entry(request, id.to_str()?),
-            None => state.records.get_mut(request).unwrap_or_else(|| unreachable!("found above, under this borrow")),
-        };
-        let Some(held) = state.cache.cached_input_ids(record.id()) else {
-            return PySet::empty(py);
-        };
-        if let Some((ids, set)) = record.held_ids.as_deref() {
-            let set = set.bind(py);
-            if ids == held && set.len() == held.len() {
-                return Ok(set.clone());
-            }
-        }
-        let set = PySet::new(py, held.positions())?;
-        match record.held_ids.as_deref_mut() {
-            Some(kept) => {
-                kept.0.clone_from(held);
-                kept.1 = set.clone().unbind();
-            }
-            None => record.held_ids = Some(Box::new((held.clone(), set.clone().unbind()))),
-        }
-        Ok(set)
+        let record = state.records.entry(request, id.to_str()?);
+        held_ids_set(py, &state.cache, record)
     }
 
     /// Drop the request's hold on one input. The request's reference to the
@@ -409,4 +389,29 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
 fn counter_names(py: Python<'_>) -> &'static [Py<PyString>; 8] {
     static NAMES: PyOnceLock<[Py<PyString>; 8]> = PyOnceLock::new();
     NAMES.get_or_init(py, || Counters::default().named().map(|(name, _)| PyString::intern(py, name).unbind()))
+}
+
+/// `get_cached_input_ids`' answer for the request `record` describes: the
+/// set the record keeps while the holdings it was made for stay the same
+/// (and the caller has not changed its size), else a set made and kept.
+/// Built under the borrow: a set of ints runs no Python code.
+fn held_ids_set<'py>(py: Python<'py>, cache: &EncoderCache, record: &mut RequestRecord) -> PyResult<Bound<'py, PySet>> {
+    let Some(held) = cache.cached_input_ids(record.id()) else {
+        return PySet::empty(py);
+    };
+    if let Some((ids, set)) = record.held_ids.as_deref() {
+        let set = set.bind(py);
+        if ids == held && set.len() == held.len() {
+            return Ok(set.clone());
+        }
+    }
+    let set = PySet::new(py, held.positions())?;
+    match record.held_ids.as_deref_mut() {
+        Some(kept) => {
+            kept.0.clone_from(held);
+            kept.1 = set.clone().unbind();
+        }
+        None => record.held_ids = Some(Box::new((held.clone(), set.clone().unbind()))),
+    }
+    Ok(set)
 }
