@@ -392,9 +392,12 @@ def test_the_plot_hint_points_at_the_checkout_not_pypi(capsys, monkeypatch):
 
 
 def test_ctrl_c_exits_cleanly_without_a_traceback(tmp_path):
+    # Python leaves SIGINT ignored when it starts so (a shell's background
+    # job): the script asks for Ctrl-C's usual handler itself.
     script = (
         "import os, signal, threading, sys\n"
         "from encoder_cache.__main__ import main\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
         "sys.exit(main(['simulate', '--requests', '10000000', '--no-progress', '--jobs', '2']))\n"
     )
