@@ -406,6 +406,56 @@ def test_ctrl_c_exits_cleanly_without_a_traceback(tmp_path):
     assert "Traceback" not in run.stderr and run.stderr.strip() == "encoder_cache simulate: interrupted"
 
 
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid`` (from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from Linux's /proc")
+def test_workers_stop_when_their_parent_is_killed():
+    # A parent killed outright (a timeout's SIGKILL, the OOM killer) cannot
+    # stop its workers; they must not run on for the rest of their runs.
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "encoder_cache", "simulate", "--requests", "10000000", "--no-progress", "--jobs", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _children(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(workers) == 2, "the two workers started"
+        time.sleep(0.5)  # both in their runs
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while (
+        left := {pid for pid in workers if Path(f"/proc/{pid}").exists() and _running(pid)}
+    ) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        os.kill(pid, 9)  # leave no orphan behind, whatever the assertion says
+    assert not left, f"workers {sorted(left)} still run after their parent was killed"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_the_report_says_what_the_prefix_cache_serves_and_which_lever_matters(capsys):
     _, out, _ = simulate(capsys, "--json", "--workload", "video", "--requests", "40", "--policy", "vllm")
     data = json.loads(out)

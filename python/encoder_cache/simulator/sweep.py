@@ -7,6 +7,7 @@ reach of unbounded. Every run goes through an *engine*: a function with
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -32,13 +33,17 @@ Job = tuple[Variant, int | None] | tuple[Variant, int | None, SchedulerLimits]
 
 #: In a worker process: the requests its runs in progress have finished, shared with the parent.
 _finished: Any = None
+#: In a worker process: the parent's pid. A worker whose parent is gone (killed
+#: without the chance to stop its workers) stops at its next progress report.
+_parent: int | None = None
 
 
 def _start_worker(finished: Any) -> None:
     """Workers leave Ctrl-C to the parent, which stops them, and report progress through ``finished``."""
-    global _finished
+    global _finished, _parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _finished = finished
+    _parent = os.getppid()
 
 
 def _one(job: tuple[Engine, Any, SchedulerLimits, Variant, int | None, EncoderCost, bool]) -> tuple[RunResult, int]:
@@ -48,6 +53,8 @@ def _one(job: tuple[Engine, Any, SchedulerLimits, Variant, int | None, EncoderCo
 
     def progress(done: int) -> None:
         nonlocal reported
+        if _parent is not None and os.getppid() != _parent:
+            os._exit(1)  # orphaned: no one waits for this run's result
         if _finished is not None:
             with _finished.get_lock():
                 _finished.value += done - reported
