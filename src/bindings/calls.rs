@@ -142,6 +142,13 @@ impl<'a> Input<'a> {
     }
 }
 
+/// `feature.identifier` as the core takes it: copied into a [`Key`], with its hash.
+fn hashed_identifier(feature: &Bound<'_, PyAny>) -> PyResult<(Key, u64)> {
+    let key = Key::from(identifier_of(feature)?.to_str()?);
+    let hash = hash_key(&key);
+    Ok((key, hash))
+}
+
 /// What a call read from the request itself, because the record did not have it.
 #[derive(Default)]
 struct CallReads<'py> {
@@ -163,16 +170,12 @@ impl<'py> CallReads<'py> {
         let mut reads = Self::default();
         let eager = needs.read_all && (needs.identifier || needs.num_embeds || needs.modality) && is_known(request) && is_known(feature);
         if eager {
-            let key = Key::from(identifier_of(feature)?.to_str()?);
-            let hash = hash_key(&key);
-            reads.identifier = Some((key, hash));
+            reads.identifier = Some(hashed_identifier(feature)?);
             reads.modality = Some(modality_of(feature)?);
             reads.num_embeds = known_unmasked_length(feature);
         }
         if needs.identifier && reads.identifier.is_none() {
-            let key = Key::from(identifier_of(feature)?.to_str()?);
-            let hash = hash_key(&key);
-            reads.identifier = Some((key, hash));
+            reads.identifier = Some(hashed_identifier(feature)?);
         }
         reads.request_id = match needs.request_id {
             IdRead::Never => None,
@@ -214,9 +217,7 @@ impl<'py> CallReads<'py> {
         }
         let mut read = || -> PyResult<Self> {
             if needs.read_all || needs.identifier {
-                let key = Key::from(identifier_of(feature)?.to_str()?);
-                let hash = hash_key(&key);
-                reads.identifier = Some((key, hash));
+                reads.identifier = Some(hashed_identifier(feature)?);
             }
             if needs.read_all || needs.modality {
                 reads.modality = Some(modality_of(feature)?);
