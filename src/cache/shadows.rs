@@ -412,7 +412,8 @@ impl Shadows {
 
 #[cfg(test)]
 mod tests {
-    use super::{Places, Shadows};
+    use super::super::frequency_memory::FREQUENCY_MEMORY_EMBEDS;
+    use super::{Places, Shadows, FREQUENCY_MEMORY};
 
     #[test]
     fn places_pop_lowest_first_whatever_order_they_come_in() {
@@ -474,7 +475,6 @@ mod tests {
 
     #[test]
     fn the_lfu_shadow_remembers_as_many_evicted_items_as_lfu_ghost_would() {
-        use super::super::frequency_memory::{FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS};
         let mut shadows = Shadows::default();
         shadows.resize(640);
         for k in 0..4 * FREQUENCY_MEMORY as u64 {
