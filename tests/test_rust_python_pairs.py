@@ -28,7 +28,12 @@ from conftest import OddRequest, make_request
 import encoder_cache
 from encoder_cache import MultiModalFeature, PlaceholderRange, Request, reference
 from encoder_cache.invariants import POLICY_RULES, RULES, InvariantError
-from encoder_cache.reference.frequency_memory import FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS, frequency_memory_bound
+from encoder_cache.reference.frequency_memory import (
+    FREQUENCY_MEMORY,
+    FREQUENCY_MEMORY_EMBEDS,
+    FREQUENCY_MEMORY_MAX,
+    frequency_memory_bound,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RUST = encoder_cache.EncoderCacheManager
@@ -217,11 +222,12 @@ def _remembered_frequency(cls, policy: str, cache_size: int, one_offs: int, resi
 @pytest.mark.parametrize("policy", ["lfu-ghost", "duel"])
 def test_frequency_memory_bound(policy):
     """Both sides remember the counts of as many evicted items, growing with
-    the cache, and forget the same one first; a shrunk cache's bound applies
-    from its next eviction."""
-    small, large = 4096, 3000 * FREQUENCY_MEMORY_EMBEDS
+    the cache up to the same most, and forget the same one first; a shrunk
+    cache's bound applies from its next eviction."""
+    small, large, huge = 4096, 3000 * FREQUENCY_MEMORY_EMBEDS, 2 * FREQUENCY_MEMORY_MAX * FREQUENCY_MEMORY_EMBEDS
     assert frequency_memory_bound(small) == FREQUENCY_MEMORY and frequency_memory_bound(large) == 3000
-    for cache_size in (small, large):
+    assert frequency_memory_bound(huge) == FREQUENCY_MEMORY_MAX
+    for cache_size in (small, large, huge):
         bound = frequency_memory_bound(cache_size)
         # hot's eviction, then one per one-off but the first, then the last one-off's (to make room for hot).
         remembered = [_remembered_frequency(cls, policy, cache_size, bound - 1) for cls in (RUST, TWIN)]
