@@ -55,9 +55,7 @@ impl FrequencyMemory {
     /// eviction, forgetting the oldest evictions past the bound.
     pub fn insert(&mut self, hash: u64, count: u32) {
         self.counts.insert(hash, count);
-        while self.counts.len() > self.bound {
-            self.counts.pop_oldest();
-        }
+        while self.counts.len() > self.bound && self.counts.pop_oldest().is_some() {}
     }
 
     /// The count remembered for `hash` (0 if none), which is forgotten.
