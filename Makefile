@@ -27,26 +27,26 @@ $(VENV)/bin/maturin:
 	@$(PIP) install --upgrade pip
 	@$(PIP) install 'maturin>=1.5,<2'
 
-# The extension (release, abi3) built into $(VENV) with the test dependencies and the
-# test hooks (cargo feature test-hooks: `_CallFloor`, `_panic_for_test`), which the
-# wheel below leaves out; the Python sources stay editable. Build output goes to
-# target/build.log unless it fails.
+# The extension (release, abi3, profile-guided) built into $(VENV) with the test dependencies
+# and the test hooks (cargo feature test-hooks: `_CallFloor`, `_panic_for_test`), which the
+# wheel below leaves out; the Python sources stay editable. tools/build_extension.sh builds
+# it instrumented, runs tools/pgo_train.py on it and builds it again with that profile.
+# Build output goes to target/build.log.
 build: $(VENV)/bin/maturin
-	@echo "building the extension (release; a first build takes 1 to 2.5 minutes)..."
+	@echo "building the extension (release, profile-guided; a first build takes 3 to 5 minutes)..."
 	@mkdir -p target && rm -f python/encoder_cache/_core.cpython-*.so  # an older non-abi3 build would shadow it
-	@$(VENV)/bin/maturin develop --release --extras test --features python,test-hooks > target/build.log 2>&1 || { cat target/build.log; exit 1; }
+	@tools/build_extension.sh develop
 	@echo "installed $$($(PY) -c 'import encoder_cache as e, encoder_cache._core as c, os; print(e.__name__, e.__version__, os.path.basename(c.__file__))')"
 
-# The one abi3 wheel, for the other CPythons.
+# The one abi3 wheel (with the profile `build` recorded), for the other CPythons.
 wheel: build
-	@rm -rf $(WHEELS)
-	@$(VENV)/bin/maturin build --release --out $(WHEELS) >> target/build.log 2>&1 || { cat target/build.log; exit 1; }
+	@tools/build_extension.sh wheel $(WHEELS)
 
 lint: build
 	cargo fmt --check
 	cargo clippy --quiet --all-targets --all-features -- -D warnings
-	$(VENV)/bin/ruff format --check --quiet python tests benches
-	$(VENV)/bin/ruff check --quiet python tests benches
+	$(VENV)/bin/ruff format --check --quiet python tests benches tools
+	$(VENV)/bin/ruff check --quiet python tests benches tools
 	$(PY) -m mypy.stubtest encoder_cache._core
 
 # The same wheel, imported and tested on the other CPythons.
