@@ -12,13 +12,17 @@ servers do, in the proportions they do:
   made room for and allocated; every running request asked
   `get_cached_input_ids` each step, consumed items freed one by one, finished
   requests freed, evictions drained; under every policy;
+- a server that has run a while: under every policy, a small cache fed
+  until every memory of evicted items is full (the re-encode counter's,
+  `lfu-ghost`'s and `duel`'s counts, ARC's ghosts), so that each eviction
+  also forgets one, as it does on a long-running server;
 - the step-level API as our `Scheduler` drives it: the simulator's built-in
   engine on its chat, video and popular-images workloads, every policy, with
   and without lookahead, and once with a host tier.
 
 It draws its own traffic, with seeds of its own, so it trains on none of the
 benchmarks' cases. It prints nothing but a line of totals, and takes about
-20 seconds.
+30 seconds.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import sys
 import encoder_cache
 from encoder_cache import EncoderCacheManager, MultiModalFeature, PlaceholderRange, Request
 from encoder_cache.__main__ import main as cli
+from encoder_cache.reference import EVICTED_MEMORY
+from encoder_cache.reference.policies import ARC_GHOST_ITEMS, FREQUENCY_MEMORY
 
 #: Steps of the per-call traffic per policy.
 STEPS = 1_500
@@ -103,6 +109,34 @@ def per_call(policy: str, seed: int) -> int:
     return calls
 
 
+def long_running(policy: str, seed: int) -> int:
+    """Requests of popular and new items through a small cache, until every
+    memory of evicted items has forgotten some; calls made."""
+    rng = random.Random(seed)
+    manager = EncoderCacheManager(4_096, policy=policy)
+    enough = max(EVICTED_MEMORY, ARC_GHOST_ITEMS, FREQUENCY_MEMORY) * 5 // 4
+    calls = number = 0
+    while number % 64 or manager.stats()["evictions"] < enough:
+        features, offset = [], 0
+        for _ in range(rng.randrange(8, 17)):
+            item = f"pop-{int(rng.paretovariate(0.8))}" if rng.random() < 0.4 else f"new-{rng.randrange(10**12)}"
+            length = rng.choice((32, 64, 96, 128))
+            features.append(MultiModalFeature(item, PlaceholderRange(offset, length)))
+            offset += length + 1
+        request = Request(f"long-{number}", features)
+        number += 1
+        for i in range(len(features)):
+            calls += 1
+            if not manager.check_and_update_cache(request, i):
+                calls += 2
+                manager.can_allocate(request, i, 8_192, 0)
+                manager.allocate(request, i)
+        manager.get_freed_mm_hashes()
+        manager.free(request)
+        calls += 2
+    return calls
+
+
 def step_level() -> None:
     """The simulator's engine (our `Scheduler`'s calls) on its built-in workloads."""
     runs = [
@@ -122,6 +156,7 @@ def main() -> None:
     calls = sum(per_call(policy, seed) for seed, policy in enumerate(encoder_cache.POLICIES, start=11))
     # vLLM's own order leads: a server on the default policy is what most runs are.
     calls += per_call("vllm", 7) + per_call("vllm", 8)
+    calls += sum(long_running(policy, seed) for seed, policy in enumerate(encoder_cache.POLICIES, start=31))
     step_level()
     print(f"pgo_train: {calls:,} per-call API calls, 4 simulator runs")
 
