@@ -16,6 +16,9 @@ servers do, in the proportions they do:
   until every memory of evicted items is full (the re-encode counter's,
   `lfu-ghost`'s and `duel`'s counts, ARC's ghosts), so that each eviction
   also forgets one, as it does on a long-running server;
+- the benchmarks' do-nothing stand-ins (`_CallFloor`, in builds with the
+  test hooks), about as often as the manager's methods, so that the floor
+  the benchmarks compare with is laid out as the methods beside it;
 - the step-level API as our `Scheduler` drives it: the simulator's built-in
   engine on its chat, video and popular-images workloads, every policy, with
   and without lookahead, and once with a host tier.
@@ -33,7 +36,7 @@ import random
 import sys
 
 import encoder_cache
-from encoder_cache import EncoderCacheManager, MultiModalFeature, PlaceholderRange, Request
+from encoder_cache import EncoderCacheManager, MultiModalFeature, PlaceholderRange, Request, _core
 from encoder_cache.__main__ import main as cli
 from encoder_cache.reference import EVICTED_MEMORY
 from encoder_cache.reference.policies import ARC_GHOST_ITEMS, FREQUENCY_MEMORY
@@ -137,6 +140,30 @@ def long_running(policy: str, seed: int) -> int:
     return calls
 
 
+def call_floors() -> int:
+    """Every method of both `_CallFloor` forms on a set of requests; calls made (0 without them)."""
+    floor_class = getattr(_core, "_CallFloor", None)
+    if floor_class is None:
+        return 0
+    rng = random.Random(5)
+    requests = [_request(rng, number, catalogue=400) for number in range(64)]
+    calls = 0
+    for reads in (False, True):
+        floor = floor_class(reads=reads)
+        for _ in range(100):
+            for request in requests:
+                for i in range(len(request.mm_features)):
+                    floor.get_cached_num_encoder_embeds(request, i)
+                    floor.check_and_update_cache(request, i)
+                    floor.can_allocate(request, i, 4_096, 0)
+                    floor.allocate(request, i)
+                    floor.free_encoder_input(request, i)
+                floor.get_cached_input_ids(request)
+                floor.free(request)
+                calls += 5 * len(request.mm_features) + 2
+    return calls
+
+
 def step_level() -> None:
     """The simulator's engine (our `Scheduler`'s calls) on its built-in workloads."""
     runs = [
@@ -157,6 +184,7 @@ def main() -> None:
     # vLLM's own order leads: a server on the default policy is what most runs are.
     calls += per_call("vllm", 7) + per_call("vllm", 8)
     calls += sum(long_running(policy, seed) for seed, policy in enumerate(encoder_cache.POLICIES, start=31))
+    calls += call_floors()
     step_level()
     print(f"pgo_train: {calls:,} per-call API calls, 4 simulator runs")
 
