@@ -38,7 +38,8 @@ build: $(VENV)/bin/maturin
 	@tools/build_extension.sh develop
 	@echo "installed $$($(PY) -c 'import encoder_cache as e, encoder_cache._core as c, os; print(e.__name__, e.__version__, os.path.basename(c.__file__))')"
 
-# The one abi3 wheel (with the profile `build` recorded), for the other CPythons.
+# The one abi3 wheel (profile-guided too, trained on an instrumented wheel of its own), for
+# the other CPythons.
 wheel: build
 	@tools/build_extension.sh wheel $(WHEELS)
 

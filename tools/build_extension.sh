@@ -1,27 +1,29 @@
 #!/usr/bin/env bash
 # Builds the extension profile-guided (PGO), as `make build` and `make wheel` run it.
 #
-#   tools/build_extension.sh develop   the extension, with the test hooks, into $VIRTUAL_ENV
-#   tools/build_extension.sh wheel DIR the abi3 wheel (no test hooks) into DIR
+#   tools/build_extension.sh develop     the extension, with the test hooks, into $VIRTUAL_ENV
+#   tools/build_extension.sh wheel DIR   the abi3 wheel (no test hooks) into DIR
 #
-# `develop` builds the extension three steps at a time:
-#   1. instrumented (rustc -Cprofile-generate, in target/pgo/instrumented), installed;
+# Each is built three steps at a time:
+#   1. instrumented (rustc -Cprofile-generate, in target/pgo/instrumented);
 #   2. run on tools/pgo_train.py's traffic, which records how often each path runs;
-#   3. built again with that profile (-Cprofile-use, merged by llvm-profdata
-#      into target/pgo/encoder_cache.profdata), installed.
-# `wheel` builds with the profile `develop` left. llvm-profdata comes with
-# rustup's llvm-tools component, added when missing. Without it the extension
-# is built plainly, with a warning: it works the same, more slowly.
-# Output goes to target/build.log.
+#   3. built again with that profile (-Cprofile-use; merged by llvm-profdata
+#      into target/pgo/develop.profdata or wheel.profdata).
+# The two get a profile each: a build's functions are named after its cargo
+# features, so a profile fits only the features it was recorded with.
+# llvm-profdata comes with rustup's llvm-tools component, added when missing.
+# Without it the extension is built plainly, with a warning: it works the
+# same, more slowly. Output goes to target/build.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 : "${VIRTUAL_ENV:?set VIRTUAL_ENV to the environment to build into}"
 MATURIN="$VIRTUAL_ENV/bin/maturin"
+PYTHON="$VIRTUAL_ENV/bin/python"
 PGO="$PWD/target/pgo"
-PROFILE="$PGO/encoder_cache.profdata"
 LOG=target/build.log
 DEVELOP=(develop --release --extras test --features python,test-hooks)
+INSTRUMENTED=(env CARGO_TARGET_DIR="$PGO/instrumented" RUSTFLAGS="-Cprofile-generate=$PGO/build-scripts")
 
 mkdir -p target
 fail() { cat "$LOG"; echo "build failed: $1 (log above, in $LOG)" >&2; exit 1; }
@@ -37,37 +39,55 @@ profdata_tool() {
     return 0
 }
 
+plain() {
+    echo "warning: llvm-profdata not found (rustup's llvm-tools component); building without the profile," >&2
+    echo "         which works the same but is slower than BENCHMARKS.md measures" >&2
+}
+
+# Runs the training on the package found first on PYTHONPATH (or installed) and merges its profile into $2.
+train() {
+    local tool=$1 profile=$2
+    echo "  2/3 training run (tools/pgo_train.py)"
+    rm -rf "$PGO/raw"
+    LLVM_PROFILE_FILE="$PGO/raw/train-%p-%m.profraw" "$PYTHON" tools/pgo_train.py >> "$LOG" 2>&1 \
+        || fail "the training run"
+    "$tool" merge -o "$profile" "$PGO/raw" >> "$LOG" 2>&1 || fail "llvm-profdata merge"
+}
+
 develop() {
     : > "$LOG"
     local tool
     tool="$(profdata_tool)"
     if [ -z "$tool" ]; then
-        echo "warning: llvm-profdata not found (rustup's llvm-tools component); building without the profile," >&2
-        echo "         which works the same but is slower than BENCHMARKS.md measures" >&2
-        rm -f "$PROFILE"
+        plain
         "$MATURIN" "${DEVELOP[@]}" >> "$LOG" 2>&1 || fail "maturin develop"
         return
     fi
     echo "  1/3 instrumented build"
-    CARGO_TARGET_DIR="$PGO/instrumented" RUSTFLAGS="-Cprofile-generate=$PGO/build-scripts" \
-        "$MATURIN" "${DEVELOP[@]}" >> "$LOG" 2>&1 || fail "the instrumented build"
-    echo "  2/3 training run (tools/pgo_train.py)"
-    rm -rf "$PGO/raw"
-    LLVM_PROFILE_FILE="$PGO/raw/train-%p-%m.profraw" "$VIRTUAL_ENV/bin/python" tools/pgo_train.py >> "$LOG" 2>&1 \
-        || fail "the training run"
-    "$tool" merge -o "$PROFILE" "$PGO/raw" >> "$LOG" 2>&1 || fail "llvm-profdata merge"
+    "${INSTRUMENTED[@]}" "$MATURIN" "${DEVELOP[@]}" >> "$LOG" 2>&1 || fail "the instrumented build"
+    train "$tool" "$PGO/develop.profdata"
     echo "  3/3 build with the profile"
-    RUSTFLAGS="-Cprofile-use=$PROFILE" "$MATURIN" "${DEVELOP[@]}" >> "$LOG" 2>&1 || fail "the profile-guided build"
+    RUSTFLAGS="-Cprofile-use=$PGO/develop.profdata" "$MATURIN" "${DEVELOP[@]}" >> "$LOG" 2>&1 \
+        || fail "the profile-guided build"
 }
 
 wheel() {
-    local out=$1
+    local out=$1 tool unpacked="$PGO/wheel-instrumented"
     rm -rf "$out"
-    if [ -f "$PROFILE" ]; then
-        RUSTFLAGS="-Cprofile-use=$PROFILE" "$MATURIN" build --release --out "$out" >> "$LOG" 2>&1 || fail "maturin build"
-    else
+    tool="$(profdata_tool)"
+    if [ -z "$tool" ]; then
+        plain
         "$MATURIN" build --release --out "$out" >> "$LOG" 2>&1 || fail "maturin build"
+        return
     fi
+    echo "  1/3 instrumented wheel"
+    rm -rf "$unpacked"
+    "${INSTRUMENTED[@]}" "$MATURIN" build --release --out "$unpacked" >> "$LOG" 2>&1 || fail "the instrumented wheel"
+    "$PYTHON" -m zipfile -e "$unpacked"/*.whl "$unpacked/site" || fail "unpacking the instrumented wheel"
+    PYTHONPATH="$unpacked/site" train "$tool" "$PGO/wheel.profdata"
+    echo "  3/3 wheel with the profile"
+    RUSTFLAGS="-Cprofile-use=$PGO/wheel.profdata" "$MATURIN" build --release --out "$out" >> "$LOG" 2>&1 \
+        || fail "the profile-guided wheel"
 }
 
 case "${1:-}" in
