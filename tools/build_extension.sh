@@ -8,7 +8,8 @@
 #   1. instrumented (rustc -Cprofile-generate, in target/pgo/instrumented);
 #   2. run on tools/pgo_train.py's traffic, which records how often each path runs;
 #   3. built again with that profile (-Cprofile-use; merged by llvm-profdata
-#      into target/pgo/develop.profdata or wheel.profdata).
+#      into target/pgo/develop.profdata or wheel.profdata), failing if the
+#      profile has no data for some of the build's functions.
 # The two get a profile each: a build's functions are named after its cargo
 # features, so a profile fits only the features it was recorded with.
 # llvm-profdata comes with rustup's llvm-tools component, added when missing.
@@ -27,6 +28,22 @@ INSTRUMENTED=(env CARGO_TARGET_DIR="$PGO/instrumented" RUSTFLAGS="-Cprofile-gene
 
 mkdir -p target
 fail() { cat "$LOG"; echo "build failed: $1 (log above, in $LOG)" >&2; exit 1; }
+
+# The RUSTFLAGS of a build with profile $1. LLVM names each function it finds no data for.
+profiled() { echo "-Cprofile-use=$1 -Cllvm-args=-pgo-warn-missing-function"; }
+
+# Runs a build with profile $1 (the rest: the command), then fails if LLVM found
+# functions the profile has no data for: a profile recorded on another build
+# (other cargo features, another rustc) fits none of the crate's functions,
+# and the build would silently run at the plain build's speed.
+with_profile() {
+    local profile=$1 what=$2 log="$PGO/profiled.log" missing
+    shift 2
+    RUSTFLAGS="$(profiled "$profile")" "$@" > "$log" 2>&1 || { cat "$log" >> "$LOG"; fail "$what"; }
+    cat "$log" >> "$LOG"
+    missing=$(grep -c "no profile data available for function" "$log" || true)
+    [ "$missing" -eq 0 ] || fail "$what: the profile has no data for $missing functions; was it recorded on this build?"
+}
 
 # llvm-profdata of the LLVM that rustc uses, or nothing.
 profdata_tool() {
@@ -67,8 +84,7 @@ develop() {
     "${INSTRUMENTED[@]}" "$MATURIN" "${DEVELOP[@]}" >> "$LOG" 2>&1 || fail "the instrumented build"
     train "$tool" "$PGO/develop.profdata"
     echo "  3/3 build with the profile"
-    RUSTFLAGS="-Cprofile-use=$PGO/develop.profdata" "$MATURIN" "${DEVELOP[@]}" >> "$LOG" 2>&1 \
-        || fail "the profile-guided build"
+    with_profile "$PGO/develop.profdata" "the profile-guided build" "$MATURIN" "${DEVELOP[@]}"
 }
 
 wheel() {
@@ -86,8 +102,7 @@ wheel() {
     "$PYTHON" -m zipfile -e "$unpacked"/*.whl "$unpacked/site" || fail "unpacking the instrumented wheel"
     PYTHONPATH="$unpacked/site" train "$tool" "$PGO/wheel.profdata"
     echo "  3/3 wheel with the profile"
-    RUSTFLAGS="-Cprofile-use=$PGO/wheel.profdata" "$MATURIN" build --release --out "$out" >> "$LOG" 2>&1 \
-        || fail "the profile-guided wheel"
+    with_profile "$PGO/wheel.profdata" "the profile-guided wheel" "$MATURIN" build --release --out "$out"
 }
 
 case "${1:-}" in
