@@ -5,7 +5,7 @@
 #   tools/build_extension.sh wheel DIR   the abi3 wheel (no test hooks) into DIR
 #
 # Each is built three steps at a time:
-#   1. instrumented (rustc -Cprofile-generate, in target/pgo/instrumented);
+#   1. instrumented (rustc -Cprofile-generate, in target/pgo/instrumented-*);
 #   2. run on tools/pgo_train.py's traffic, which records how often each path runs;
 #   3. built again with that profile (-Cprofile-use; merged by llvm-profdata
 #      into target/pgo/develop.profdata or wheel.profdata), failing if the
@@ -14,7 +14,9 @@
 # features, so a profile fits only the features it was recorded with.
 # llvm-profdata comes with rustup's llvm-tools component, added when missing.
 # Without it the extension is built plainly, with a warning: it works the
-# same, more slowly. Output goes to target/build.log.
+# same, more slowly. The wheel builds in target/wheel, the instrumented
+# builds each in a directory of their own, so that neither build undoes the
+# other's. Output goes to target/build.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +26,8 @@ PYTHON="$VIRTUAL_ENV/bin/python"
 PGO="$PWD/target/pgo"
 LOG=target/build.log
 DEVELOP=(develop --release --extras test --features python,test-hooks)
-INSTRUMENTED=(env CARGO_TARGET_DIR="$PGO/instrumented" RUSTFLAGS="-Cprofile-generate=$PGO/build-scripts")
+# Instrumented builds into a target directory of their own: $1 names it.
+instrumented() { env CARGO_TARGET_DIR="$PGO/instrumented-$1" RUSTFLAGS="-Cprofile-generate=$PGO/build-scripts" "${@:2}"; }
 
 mkdir -p target
 fail() { cat "$LOG"; echo "build failed: $1 (log above, in $LOG)" >&2; exit 1; }
@@ -61,14 +64,24 @@ plain() {
     echo "         which works the same but is slower than BENCHMARKS.md measures" >&2
 }
 
-# Runs the training on the package found first on PYTHONPATH (or installed) and merges its profile into $2.
+# Runs the training on the package found first on PYTHONPATH (or installed),
+# whose instrumented extension is $3, and merges its profile into $2. Skipped
+# when that extension and the training script are the ones the profile was
+# recorded with: rustc takes the profile file as an input of every crate, so
+# rewriting it would rebuild them all.
 train() {
-    local tool=$1 profile=$2
+    local tool=$1 profile=$2 key
+    key="$(cat "$3" tools/pgo_train.py | sha256sum)"
+    if [ -f "$profile" ] && [ "$(cat "$profile.key" 2>/dev/null)" = "$key" ]; then
+        echo "  2/3 training run: the profile of this instrumented build is kept"
+        return
+    fi
     echo "  2/3 training run (tools/pgo_train.py)"
-    rm -rf "$PGO/raw"
+    rm -rf "$PGO/raw" "$profile.key"
     LLVM_PROFILE_FILE="$PGO/raw/train-%p-%m.profraw" "$PYTHON" tools/pgo_train.py >> "$LOG" 2>&1 \
         || fail "the training run"
     "$tool" merge -o "$profile" "$PGO/raw" >> "$LOG" 2>&1 || fail "llvm-profdata merge"
+    echo "$key" > "$profile.key"
 }
 
 develop() {
@@ -81,8 +94,8 @@ develop() {
         return
     fi
     echo "  1/3 instrumented build"
-    "${INSTRUMENTED[@]}" "$MATURIN" "${DEVELOP[@]}" >> "$LOG" 2>&1 || fail "the instrumented build"
-    train "$tool" "$PGO/develop.profdata"
+    instrumented develop "$MATURIN" "${DEVELOP[@]}" >> "$LOG" 2>&1 || fail "the instrumented build"
+    train "$tool" "$PGO/develop.profdata" python/encoder_cache/_core.abi3.so
     echo "  3/3 build with the profile"
     with_profile "$PGO/develop.profdata" "the profile-guided build" "$MATURIN" "${DEVELOP[@]}"
 }
@@ -98,11 +111,12 @@ wheel() {
     fi
     echo "  1/3 instrumented wheel"
     rm -rf "$unpacked"
-    "${INSTRUMENTED[@]}" "$MATURIN" build --release --out "$unpacked" >> "$LOG" 2>&1 || fail "the instrumented wheel"
+    instrumented wheel "$MATURIN" build --release --out "$unpacked" >> "$LOG" 2>&1 || fail "the instrumented wheel"
     "$PYTHON" -m zipfile -e "$unpacked"/*.whl "$unpacked/site" || fail "unpacking the instrumented wheel"
-    PYTHONPATH="$unpacked/site" train "$tool" "$PGO/wheel.profdata"
+    PYTHONPATH="$unpacked/site" train "$tool" "$PGO/wheel.profdata" "$unpacked/site/encoder_cache/_core.abi3.so"
     echo "  3/3 wheel with the profile"
-    with_profile "$PGO/wheel.profdata" "the profile-guided wheel" "$MATURIN" build --release --out "$out"
+    with_profile "$PGO/wheel.profdata" "the profile-guided wheel" \
+        env CARGO_TARGET_DIR=target/wheel "$MATURIN" build --release --out "$out"
 }
 
 case "${1:-}" in
