@@ -406,18 +406,26 @@ def test_ctrl_c_exits_cleanly_without_a_traceback(tmp_path):
     assert "Traceback" not in run.stderr and run.stderr.strip() == "encoder_cache simulate: interrupted"
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (state, parent,
+    ...), or None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _running(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
 def _children(pid: int) -> set[int]:
     """The live processes whose parent is ``pid`` (from /proc)."""
     found = set()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue  # gone meanwhile
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.add(int(entry.name))
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) and int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(entry.name))
     return found
 
 
@@ -440,20 +448,11 @@ def test_workers_stop_when_their_parent_is_killed():
         parent.kill()
         parent.wait()
     deadline = time.monotonic() + 30
-    while (
-        left := {pid for pid in workers if Path(f"/proc/{pid}").exists() and _running(pid)}
-    ) and time.monotonic() < deadline:
+    while (left := {pid for pid in workers if _running(pid)}) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid in left:
         os.kill(pid, 9)  # leave no orphan behind, whatever the assertion says
     assert not left, f"workers {sorted(left)} still run after their parent was killed"
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_the_report_says_what_the_prefix_cache_serves_and_which_lever_matters(capsys):
