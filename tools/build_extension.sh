@@ -26,6 +26,8 @@ PYTHON="$VIRTUAL_ENV/bin/python"
 PGO="$PWD/target/pgo"
 LOG=target/build.log
 DEVELOP=(develop --release --extras test --features python,test-hooks)
+# The wheel, built in a target directory of its own.
+WHEEL=(env CARGO_TARGET_DIR=target/wheel "$MATURIN" build --release)
 # Instrumented builds into a target directory of their own: $1 names it.
 instrumented() { env CARGO_TARGET_DIR="$PGO/instrumented-$1" RUSTFLAGS="-Cprofile-generate=$PGO/build-scripts" "${@:2}"; }
 
@@ -106,7 +108,7 @@ wheel() {
     tool="$(profdata_tool)"
     if [ -z "$tool" ]; then
         plain
-        "$MATURIN" build --release --out "$out" >> "$LOG" 2>&1 || fail "maturin build"
+        "${WHEEL[@]}" --out "$out" >> "$LOG" 2>&1 || fail "maturin build"
         return
     fi
     echo "  1/3 instrumented wheel"
@@ -115,8 +117,7 @@ wheel() {
     "$PYTHON" -m zipfile -e "$unpacked"/*.whl "$unpacked/site" || fail "unpacking the instrumented wheel"
     PYTHONPATH="$unpacked/site" train "$tool" "$PGO/wheel.profdata" "$unpacked/site/encoder_cache/_core.abi3.so"
     echo "  3/3 wheel with the profile"
-    with_profile "$PGO/wheel.profdata" "the profile-guided wheel" \
-        env CARGO_TARGET_DIR=target/wheel "$MATURIN" build --release --out "$out"
+    with_profile "$PGO/wheel.profdata" "the profile-guided wheel" "${WHEEL[@]}" --out "$out"
 }
 
 case "${1:-}" in
