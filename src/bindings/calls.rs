@@ -337,6 +337,26 @@ fn run_read_fields<R: Answer, F: FnOnce(&mut EncoderCache, &Input<'_>) -> PyResu
     }
 }
 
+/// `op` on the item key input `input_id` of `request` is recorded under, when
+/// the request's record was read from the very `mm_features[i]` object that
+/// is there now and knows the item's identifier (with its handle, if cached);
+/// None otherwise, for [`with_input`] to read what is missing. For read-only
+/// calls (`get_cached_num_encoder_embeds`): one shared borrow, nothing read
+/// from Python but the list item, and no record changed.
+#[inline]
+pub(crate) fn with_recorded_key<R>(
+    manager: &Bound<'_, PyEncoderCacheManager>,
+    request: &Bound<'_, PyAny>,
+    input_id: usize,
+    op: impl FnOnce(&EncoderCache, KeyArg<'_>) -> R,
+) -> PyResult<Option<R>> {
+    let guard = manager.try_borrow()?;
+    let state: &ManagerState<EncoderCache> = &guard;
+    let Some(record) = state.records.get(request) else { return Ok(None) };
+    let Some(feature) = record.recorded_feature(request.py(), input_id) else { return Ok(None) };
+    Ok(record.input(input_id, &feature).and_then(super::records::InputRecord::key).map(|key| op(&state.cache, key)))
+}
+
 /// Runs `op` on the manager's cache with input `input_id` of `request`, as
 /// `needs` asks (see the module's doc).
 pub(crate) fn with_input<'py, R: Answer>(

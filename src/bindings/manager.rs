@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PySet, PyString, PyTuple, PyType};
 
-use super::calls::{free_request, with_input, with_request_id, Needs};
+use super::calls::{free_request, with_input, with_recorded_key, with_request_id, Needs};
 use super::events::PyEventBatch;
 use super::methods::manager_methods;
 use super::modality;
@@ -148,9 +148,11 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
 
     /// Return the embedding count cached for the item at `input_id`, or None if it is not cached.
     fn get_cached_num_encoder_embeds(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, input_id: i64) -> PyResult<Option<u64>> {
-        with_input(slf, request, input_index(input_id)?, Needs::IDENTIFIER, |cache, input| {
-            Ok(cache.cached_num_embeds(input.identifier()?))
-        })
+        let input_id = input_index(input_id)?;
+        if let Some(answer) = with_recorded_key(slf, request, input_id, |cache, key| cache.cached_num_embeds(key))? {
+            return Ok(answer);
+        }
+        with_input(slf, request, input_id, Needs::IDENTIFIER, |cache, input| Ok(cache.cached_num_embeds(input.identifier()?)))
     }
 
     /// Return whether the item at `input_id` fits this step: within

@@ -311,7 +311,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
     /// The embedding count stored for `identifier`, if it is cached.
     #[inline]
     pub fn cached_num_embeds<'a>(&self, identifier: impl Into<KeyArg<'a>>) -> Option<u64> {
-        self.entries.find(&identifier.into()).map(|e| self.entries.get(e).num_embeds)
+        self.entries.find_value(&identifier.into()).map(|entry| entry.num_embeds)
     }
 
     /// If `identifier` is cached, record that `request_id` uses it at

@@ -182,6 +182,7 @@ impl EncoderCache {
         with_policy_cache!(self, c => c.reset());
     }
 
+    #[inline]
     pub fn cached_num_embeds<'a>(&self, identifier: impl Into<KeyArg<'a>>) -> Option<u64> {
         let identifier = identifier.into();
         with_policy_cache!(self, c => c.cached_num_embeds(identifier))

@@ -46,14 +46,31 @@ impl<T: Named> Table<T> {
     /// The slot of `name`: its handle when still valid, else by hash and text.
     #[inline]
     pub(crate) fn find(&self, name: &KeyArg<'_>) -> Option<u32> {
-        if let Some(handle) = name.handle() {
-            if let Some(Slot { generation, value: Some(value) }) = self.slots.get(handle.index as usize) {
-                if *generation == handle.generation && value.hash() == name.hash() {
-                    return Some(handle.index);
-                }
-            }
+        match self.by_handle(name) {
+            Some((index, _)) => Some(index),
+            None => self.find_hashed(name, name.hash()),
         }
-        self.find_hashed(name, name.hash())
+    }
+
+    /// The value named `name`, found as [`Self::find`] finds its slot.
+    #[inline]
+    pub(crate) fn find_value(&self, name: &KeyArg<'_>) -> Option<&T> {
+        match self.by_handle(name) {
+            Some((_, value)) => Some(value),
+            None => self.find_hashed(name, name.hash()).map(|index| self.get(index)),
+        }
+    }
+
+    /// The slot and value `name`'s handle gives, if the handle is still valid.
+    #[inline]
+    fn by_handle(&self, name: &KeyArg<'_>) -> Option<(u32, &T)> {
+        let handle = name.handle()?;
+        match self.slots.get(handle.index as usize) {
+            Some(Slot { generation, value: Some(value) }) if *generation == handle.generation && value.hash() == name.hash() => {
+                Some((handle.index, value))
+            }
+            _ => None,
+        }
     }
 
     #[inline]
