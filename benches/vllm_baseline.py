@@ -1,21 +1,25 @@
-"""vLLM 0.33.0's own ``EncoderCacheManager``, the primary baseline of the benches.
+"""vLLM 0.33.0's own code, the baselines of the benches.
 
 The benches compare the Rust manager with what a vLLM user runs today:
 ``vllm/v1/core/encoder_cache_manager.py`` from the vLLM 0.33.0 wheel, loaded
 without vLLM or torch (its four vLLM imports are stubbed: a logger and three
-names used only in annotations). The module is found, in this order:
+names used only in annotations). The host-tier benches compare
+``HostBlockCache`` with the wheel's
+``vllm/distributed/ec_transfer/ec_connector/cpu/scheduler/embedding_cache.py``
+(see ``host_tier_baseline``). Each file (see :data:`FILES`) is found, in this
+order:
 
 1. in the cache folder, ``$ENCODER_CACHE_VLLM_DIR`` or by default
-   ``~/.cache/encoder-cache/vllm-0.33.0/encoder_cache_manager.py``;
+   ``~/.cache/encoder-cache/vllm-0.33.0/``;
 2. in an installed vLLM 0.33.0 of this environment (read as a file, not
    imported), copied into the cache folder;
 3. only when ``ENCODER_CACHE_FETCH_VLLM=1`` (``make bench`` sets it): from the
    0.33.0 wheel, fetched with ``pip download --no-deps`` into a temporary
-   folder; the module alone is extracted into the cache folder and the wheel
-   (over 300 MB) is deleted.
+   folder; every baseline file not yet cached is extracted into the cache
+   folder and the wheel (over 300 MB) is deleted.
 
-Every copy is checked against the module's SHA-256 in the 0.33.0 wheel. When
-none can be had, :func:`load` raises :class:`Unavailable` with the reason and
+Every copy is checked against the file's SHA-256 in the 0.33.0 wheel. When
+none can be had, :func:`locate` raises :class:`Unavailable` with the reason and
 the benches that need it skip with that reason, so ``make test`` never
 downloads anything.
 
@@ -25,7 +29,7 @@ downloads anything.
 method names of our managers, so the step benches can compare our one-call
 step with what vLLM's scheduler does per request.
 
-    python benches/vllm_baseline.py    # fetch if allowed, then say where the module is
+    python benches/vllm_baseline.py    # fetch what is missing if allowed, then say where the files are
 """
 
 from __future__ import annotations
@@ -47,8 +51,13 @@ from typing import Any
 
 VERSION = "0.33.0"
 MEMBER = "vllm/v1/core/encoder_cache_manager.py"
-#: SHA-256 of MEMBER in the vLLM 0.33.0 wheel (as its RECORD lists it).
-SHA256 = "68cca34767e91e3b33b0f8b67c3b534e5ee399fb8349adc1340a464549474fc6"
+HOST_TIER_MEMBER = "vllm/distributed/ec_transfer/ec_connector/cpu/scheduler/embedding_cache.py"
+#: The baseline files: wheel member -> (its name in the cache folder, its SHA-256 in the
+#: vLLM 0.33.0 wheel, as the wheel's RECORD lists it).
+FILES = {
+    MEMBER: ("encoder_cache_manager.py", "68cca34767e91e3b33b0f8b67c3b534e5ee399fb8349adc1340a464549474fc6"),
+    HOST_TIER_MEMBER: ("embedding_cache.py", "a90e991ac30163bd00f6501b1c66389e92fa6a9c556a17070982e8336f350593"),
+}
 FETCH_ENV = "ENCODER_CACHE_FETCH_VLLM"
 DIR_ENV = "ENCODER_CACHE_VLLM_DIR"
 #: What the module imports from vLLM, and what stands in for it.
@@ -71,19 +80,19 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "encoder-cache" / f"vllm-{VERSION}"
 
 
-def cached_path() -> Path:
-    return cache_dir() / "encoder_cache_manager.py"
+def cached_path(member: str = MEMBER) -> Path:
+    return cache_dir() / FILES[member][0]
 
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _store(data: bytes, origin: str) -> Path:
-    """Write the module into the cache folder, atomically, after checking it."""
-    if _digest(data) != SHA256:
-        raise Unavailable(f"{origin} is not vLLM {VERSION}'s {MEMBER} (SHA-256 differs)")
-    target = cached_path()
+def _store(member: str, data: bytes, origin: str) -> Path:
+    """Write ``member`` into the cache folder, atomically, after checking it."""
+    if _digest(data) != FILES[member][1]:
+        raise Unavailable(f"{origin} is not vLLM {VERSION}'s {member} (SHA-256 differs)")
+    target = cached_path(member)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, suffix=".tmp") as out:
         out.write(data)
@@ -92,52 +101,67 @@ def _store(data: bytes, origin: str) -> Path:
     return target
 
 
-def _from_installed() -> bytes | None:
-    """The module of an installed vLLM 0.33.0, read as a file (vLLM is not imported)."""
+def _from_installed(member: str) -> bytes | None:
+    """``member`` of an installed vLLM 0.33.0, read as a file (vLLM is not imported)."""
     try:
         dist = importlib.metadata.distribution("vllm")
     except importlib.metadata.PackageNotFoundError:
         return None
     if dist.version != VERSION:
         return None
-    path = Path(dist.locate_file(MEMBER))
+    path = Path(dist.locate_file(member))
     return path.read_bytes() if path.is_file() else None
 
 
-def fetch() -> Path:
-    """Download the 0.33.0 wheel into a temporary folder, keep only the module."""
+def _cached(member: str) -> Path | None:
+    """The checked copy of ``member`` in the cache folder, else from an installed vLLM; None if neither."""
+    path = cached_path(member)
+    if path.is_file():
+        if _digest(path.read_bytes()) == FILES[member][1]:
+            return path
+        path.unlink()  # a partial or foreign copy: get it again
+    installed = _from_installed(member)
+    if installed is not None:
+        return _store(member, installed, f"the installed vLLM {VERSION}'s copy")
+    return None
+
+
+def fetch(members: list[str]) -> None:
+    """Download the 0.33.0 wheel into a temporary folder and keep only ``members``."""
     with tempfile.TemporaryDirectory(prefix="encoder-cache-vllm-") as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
         command += ["--dest", tmp, "--quiet", f"vllm=={VERSION}"]
-        print(f"fetching vLLM {VERSION}'s wheel for {MEMBER} (over 300 MB, deleted afterwards)", file=sys.stderr)
+        print(
+            f"fetching vLLM {VERSION}'s wheel for {', '.join(members)} (over 300 MB, deleted afterwards)",
+            file=sys.stderr,
+        )
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         wheels = sorted(Path(tmp).glob(f"vllm-{VERSION}-*.whl"))
         if done.returncode != 0 or not wheels:
             last = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
             raise Unavailable(f"pip download vllm=={VERSION} failed: {last}")
         with zipfile.ZipFile(wheels[0]) as wheel:
-            data = wheel.read(MEMBER)
-        return _store(data, f"{MEMBER} in {wheels[0].name}")
+            for member in members:
+                _store(member, wheel.read(member), f"{member} in {wheels[0].name}")
 
 
-def locate(allow_fetch: bool | None = None) -> Path:
-    """The cached module, copying or fetching it first if needed (see the module doc)."""
-    path = cached_path()
-    if path.is_file():
-        if _digest(path.read_bytes()) == SHA256:
-            return path
-        path.unlink()  # a partial or foreign copy: get it again
-    installed = _from_installed()
-    if installed is not None:
-        return _store(installed, f"the installed vLLM {VERSION}")
+def locate(member: str = MEMBER, allow_fetch: bool | None = None) -> Path:
+    """The cached copy of ``member``, copying or fetching it first if needed (see the module doc).
+
+    A fetch keeps every baseline file not yet cached, so one download serves all the benches.
+    """
+    path = _cached(member)
+    if path is not None:
+        return path
     if allow_fetch is None:
         allow_fetch = os.environ.get(FETCH_ENV) == "1"
     if not allow_fetch:
         raise Unavailable(
-            f"vLLM {VERSION}'s {MEMBER} is not cached at {path}; set {FETCH_ENV}=1 (make bench does) "
-            f"to fetch it once with pip download"
+            f"vLLM {VERSION}'s {member} is not cached at {cached_path(member)} and vLLM {VERSION} is not "
+            f"installed; set {FETCH_ENV}=1 (make bench does) to fetch it once with pip download"
         )
-    return fetch()
+    fetch([m for m in FILES if m == member or _cached(m) is None])
+    return cached_path(member)
 
 
 def _stub_import(name: str, globals=None, locals=None, fromlist=(), level=0):
@@ -153,7 +177,7 @@ def _stub_import(name: str, globals=None, locals=None, fromlist=(), level=0):
 @cache
 def load(allow_fetch: bool | None = None) -> types.ModuleType:
     """vLLM 0.33.0's ``encoder_cache_manager`` module, loaded with its vLLM imports stubbed."""
-    path = locate(allow_fetch)
+    path = locate(MEMBER, allow_fetch)
     module = types.ModuleType("vllm_0_33_encoder_cache_manager")
     module.__file__ = str(path)
     module.__dict__["__builtins__"] = {**builtins.__dict__, "__import__": _stub_import}
@@ -275,6 +299,7 @@ def step_class() -> type:
 
 if __name__ == "__main__":
     try:
-        print(locate())
+        for member in FILES:
+            print(locate(member))
     except Unavailable as exc:
         sys.exit(f"vllm_baseline: {exc}")
