@@ -86,9 +86,13 @@ simulate: build
 	@$(PY) -m encoder_cache simulate
 
 # Benches are plain tests elsewhere (pyproject sets --benchmark-disable); here they are timed.
+# The warm-up matters: pytest-benchmark sizes a round from its first timings, and a first call
+# slowed by code not yet paged in would fix every round at one call, which a timer's resolution
+# then dominates (a 65 ns method read 130 to 160 ns so).
 bench: build
 	mkdir -p .benchmarks
 	ENCODER_CACHE_FETCH_VLLM=1 $(PY) benches/vllm_baseline.py
 	$(PY) -m pytest benches -q --benchmark-enable --benchmark-only --benchmark-group-by=group \
+		--benchmark-warmup=on --benchmark-warmup-iterations=1000 \
 		--benchmark-columns=min,median,mean,rounds --benchmark-sort=name --benchmark-json=.benchmarks/latest.json
 	$(PY) benches/report.py .benchmarks/latest.json
