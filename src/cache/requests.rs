@@ -60,13 +60,24 @@ impl Named for RequestRefs {
 /// Positions below this are indexed directly: at most 64 KiB of slots a request.
 const NEAR: usize = 4096;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct HeldInputs {
     /// Entry slots by position ([`NIL`]: none); never ends in an empty slot, so equal holdings compare equal.
     near: Vec<u32>,
     far: BTreeMap<usize, u32>,
     len: usize,
 }
+
+/// Cheapest first: the counts, the near slots, and the far map only when either has one (the
+/// bindings compare a request's holdings with those of its last `get_cached_input_ids` answer
+/// on every call, and an empty map's comparison alone would cost more than the rest).
+impl PartialEq for HeldInputs {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.near == other.near && ((self.far.is_empty() && other.far.is_empty()) || self.far == other.far)
+    }
+}
+
+impl Eq for HeldInputs {}
 
 impl HeldInputs {
     pub fn len(&self) -> usize {
@@ -190,6 +201,18 @@ mod tests {
         assert!(!inputs.contains(1) && inputs.contains(NEAR + 5));
         let items: Vec<u32> = inputs.into_items().collect();
         assert_eq!(items, [0, 3, u32::try_from(NEAR + 5).unwrap()]);
+    }
+
+    #[test]
+    fn holdings_differing_anywhere_compare_unequal() {
+        let base = held(&[0, 3, NEAR + 5]);
+        assert_ne!(base, held(&[0, 3]), "one far position fewer");
+        assert_ne!(base, held(&[0, 3, NEAR + 6]), "another far position, same count");
+        assert_ne!(base, held(&[0, 4, NEAR + 5]), "another near position, same count");
+        assert_ne!(held(&[0, 3]), held(&[0, NEAR + 3]), "near against far, same count");
+        let other_item: HeldInputs = [(0, 0), (3, 9), (NEAR + 5, 5)].into_iter().collect();
+        assert_ne!(base, other_item, "the same positions holding another item");
+        assert_eq!(held(&[]), HeldInputs::default());
     }
 
     #[test]
