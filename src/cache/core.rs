@@ -137,7 +137,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
 
     /// The cached entry of `identifier`.
     pub fn entry<'a>(&self, identifier: impl Into<KeyArg<'a>>) -> Option<&Entry<P::Meta>> {
-        self.entries.find(&identifier.into()).map(|e| self.entries.get(e))
+        self.entries.find_value(&identifier.into())
     }
 
     /// Every request holding inputs, with the positions it holds and each one's item.
@@ -458,7 +458,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
 
     /// The input positions `request_id` holds cached.
     pub fn cached_input_ids<'a>(&self, request_id: impl Into<KeyArg<'a>>) -> Option<&HeldInputs> {
-        self.requests.find(&request_id.into()).map(|r| &self.requests.get(r).inputs)
+        self.requests.find_value(&request_id.into()).map(|request| &request.inputs)
     }
 
     /// Whether `request_id` holds `input_id` cached.
