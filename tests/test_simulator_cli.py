@@ -406,25 +406,25 @@ def test_ctrl_c_exits_cleanly_without_a_traceback(tmp_path):
     assert "Traceback" not in run.stderr and run.stderr.strip() == "encoder_cache simulate: interrupted"
 
 
-def _stat(pid: int) -> list[str] | None:
+def _live_stat(pid: int) -> list[str] | None:
     """The fields of /proc/PID/stat after the command's name (state, parent,
-    ...), or None once the process is gone."""
+    ...), or None once the process is gone or a zombie."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
+    return fields if fields[0] != "Z" else None
 
 
 def _running(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is not None and fields[0] != "Z"
+    return _live_stat(pid) is not None
 
 
 def _children(pid: int) -> set[int]:
     """The live processes whose parent is ``pid`` (from /proc)."""
     found = set()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat(int(entry.name))) and int(fields[1]) == pid and fields[0] != "Z":
+        if entry.name.isdigit() and (fields := _live_stat(int(entry.name))) and int(fields[1]) == pid:
             found.add(int(entry.name))
     return found
 
