@@ -2,14 +2,16 @@
 //! its 64-bit hash with a small value (nothing, a count, a size), in eviction
 //! order, so the owner can forget the oldest first.
 //!
-//! A map from hash to value and a queue of hashes in eviction order. An
-//! item's place in the queue carries a stamp, and so does its map entry, so
-//! a place left by an item taken back or remembered again is known stale
-//! and skipped. The queue is compacted when stale places outnumber live
-//! ones, so every operation is O(1) amortised. This costs less per eviction
-//! than an index-linked list (one map insertion and one push, where the list
-//! needs a lookup, an insertion and three links), and the default policy
-//! pays it on every eviction for its re-encode counter.
+//! A map from hash to value and a queue of places in eviction order. Place
+//! `i` of the queue is stamped `first + i`, and an item's map entry carries
+//! its place's stamp. Taking an item back, or remembering it again, marks
+//! its old place dead through that stamp; forgetting the oldest pops the
+//! queue's front and moves `first` past it, which leaves the item's map
+//! entry forgotten by its stamp without touching the map. Dead places and
+//! forgotten entries are dropped together once either outnumbers the live
+//! ones, so every operation is O(1) amortised, and an eviction costs one map
+//! insertion and one push: the default policy pays it on every eviction for
+//! its re-encode counter.
 //!
 //! Three things keep one: the re-encode counter (`stats`), `lfu-ghost`'s
 //! frequency memory (`frequency_memory`) and ARC's ghost lists (`arc`).
@@ -50,30 +52,49 @@ pub(crate) fn stale_outnumber_live(places: usize, live: usize) -> bool {
     places > 2 * live + 64
 }
 
-/// A place's stamp. Stamps wrap, which is safe: a stale place is dropped,
-/// by compaction (see [`stale_outnumber_live`]) or as the oldest, within a
-/// few times `BOUND` insertions, far fewer than the 2^32 after which its
-/// stamp comes round again, so a stale place never matches its item's live
-/// stamp. 32 bits keep a map entry with a count to 16 bytes.
-type Stamp = u32;
+/// A place's stamp: place `i` of the queue has stamp `first + i`. 64 bits
+/// never wrap, so a stamp below `first` always means forgotten.
+type Stamp = u64;
 
 /// A map keyed by 64-bit item hashes.
 pub(crate) type HashKeyed<V> = HashMap<u64, V, BuildHasherDefault<OwnHash>>;
 
+/// One eviction in the queue: the item, its value, and whether it is still
+/// the item's live place (false once the item was taken back or remembered
+/// again).
+#[derive(Debug, Clone, Copy)]
+struct Place<V> {
+    hash: u64,
+    value: V,
+    live: bool,
+}
+
 /// Evicted items by hash, each with a value, oldest first; at most `BOUND`
 /// of them (past it, the oldest is forgotten).
+///
+/// Forgetting the oldest reads only the queue's front, which is sequential
+/// memory: the map entry of a forgotten item is left in place and known
+/// forgotten by its stamp (below `first`), and such entries are dropped in
+/// one pass once they outnumber the live ones. Taking an item back marks
+/// its place dead through its stamp, so the queue never needs the map
+/// either. Removing each forgotten entry at once would cost a cache miss
+/// per eviction (the map is large, and the entry lands anywhere in it).
 #[derive(Debug, Clone)]
 pub(crate) struct GhostMap<V, const BOUND: usize> {
-    /// Hash -> (stamp of its place in `order`, value).
+    /// Hash -> (stamp of its place in `order`, value); entries stamped
+    /// below `first` are forgotten.
     by_hash: HashKeyed<(Stamp, V)>,
-    /// (stamp, hash), oldest first; some places stale.
-    order: VecDeque<(Stamp, u64)>,
-    last_stamp: Stamp,
+    /// Places, oldest first; some dead.
+    order: VecDeque<Place<V>>,
+    /// The stamp of `order`'s front.
+    first: Stamp,
+    /// How many items are remembered: the live places.
+    live: usize,
 }
 
 impl<V, const BOUND: usize> Default for GhostMap<V, BOUND> {
     fn default() -> Self {
-        Self { by_hash: HashKeyed::default(), order: VecDeque::new(), last_stamp: 0 }
+        Self { by_hash: HashKeyed::default(), order: VecDeque::new(), first: 0, live: 0 }
     }
 }
 
@@ -92,19 +113,30 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
     /// How many items are remembered.
     #[inline]
     pub(crate) fn len(&self) -> usize {
-        self.by_hash.len()
+        self.live
+    }
+
+    /// The place in `order` of a map entry's stamp, if it is remembered.
+    #[inline]
+    fn index_of(&self, stamp: Stamp) -> Option<usize> {
+        let index = usize::try_from(stamp.checked_sub(self.first)?).ok()?;
+        (index < self.order.len()).then_some(index)
     }
 
     /// Remembers `hash` with `value` as the newest.
     pub(crate) fn insert(&mut self, hash: u64, value: V) -> Inserted<V> {
-        self.last_stamp = self.last_stamp.wrapping_add(1);
-        let had = self.by_hash.insert(hash, (self.last_stamp, value));
-        self.order.push_back((self.last_stamp, hash));
-        if let Some((_, had)) = had {
-            self.compact_if_stale();
-            return Inserted::Replaced(had);
+        let stamp = self.first + self.order.len() as Stamp;
+        let had = self.by_hash.insert(hash, (stamp, value));
+        self.order.push_back(Place { hash, value, live: true });
+        if let Some((had_stamp, had)) = had {
+            if let Some(index) = self.index_of(had_stamp) {
+                self.order[index].live = false;
+                self.compact_if_stale();
+                return Inserted::Replaced(had);
+            }
         }
-        if self.by_hash.len() > BOUND {
+        self.live += 1;
+        if self.live > BOUND {
             if let Some((_, forgotten)) = self.pop_oldest() {
                 return Inserted::Displaced(forgotten);
             }
@@ -115,7 +147,7 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
     /// Whether `hash` is remembered.
     #[cfg(test)]
     pub(crate) fn contains(&self, hash: u64) -> bool {
-        self.by_hash.contains_key(&hash)
+        self.by_hash.get(&hash).is_some_and(|&(stamp, _)| self.index_of(stamp).is_some())
     }
 
     /// Forgets `hash`; its value if it was remembered.
@@ -124,31 +156,63 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
         if self.by_hash.is_empty() {
             return None;
         }
-        let (_, value) = self.by_hash.remove(&hash)?;
+        let (stamp, value) = self.by_hash.remove(&hash)?;
+        let index = self.index_of(stamp)?;
+        self.order[index].live = false;
+        self.live -= 1;
         self.compact_if_stale();
         Some(value)
     }
 
-    /// Forgets the oldest item: its hash and value.
+    /// Forgets the oldest item: its hash and value. Its map entry stays,
+    /// forgotten by its stamp, until the next compaction.
     pub(crate) fn pop_oldest(&mut self) -> Option<(u64, V)> {
-        while let Some((stamp, hash)) = self.order.pop_front() {
-            if let hashbrown::hash_map::EntryRef::Occupied(place) = self.by_hash.entry_ref(&hash) {
-                if place.get().0 == stamp {
-                    let (_, value) = place.remove();
-                    return Some((hash, value));
-                }
+        while let Some(place) = self.order.pop_front() {
+            self.first += 1;
+            if place.live {
+                self.live -= 1;
+                self.compact_if_stale();
+                return Some((place.hash, place.value));
             }
         }
         None
     }
 
-    /// Drops the stale places once they outnumber the live ones.
+    /// Drops the forgotten map entries once they outnumber the remembered
+    /// items, and the dead places (renumbering those that stay) once they
+    /// outnumber the live ones.
     #[inline]
     fn compact_if_stale(&mut self) {
-        if stale_outnumber_live(self.order.len(), self.by_hash.len()) {
-            let by_hash = &self.by_hash;
-            self.order.retain(|&(stamp, hash)| by_hash.get(&hash).is_some_and(|&(live, _)| live == stamp));
+        if stale_outnumber_live(self.order.len(), self.live) {
+            self.compact();
+        } else if stale_outnumber_live(self.by_hash.len(), self.live) {
+            let first = self.first;
+            self.by_hash.retain(|_, &mut (stamp, _)| stamp >= first);
         }
+    }
+
+    #[cold]
+    fn compact(&mut self) {
+        // Each live place's new offset from `first`, by its old one.
+        let mut kept: Stamp = 0;
+        let renumbered: Vec<Stamp> = self
+            .order
+            .iter()
+            .map(|place| {
+                let at = kept;
+                kept += Stamp::from(place.live);
+                at
+            })
+            .collect();
+        self.order.retain(|place| place.live);
+        let first = self.first;
+        self.by_hash.retain(|_, (stamp, _)| match stamp.checked_sub(first).and_then(|at| usize::try_from(at).ok()) {
+            Some(at) if at < renumbered.len() => {
+                *stamp = first + renumbered[at];
+                true
+            }
+            _ => false,
+        });
     }
 }
 
@@ -188,17 +252,61 @@ mod tests {
     }
 
     #[test]
-    fn stamps_that_wrap_keep_the_order_and_skip_stale_places() {
-        let mut ghosts = GhostMap::<u64, 8> { last_stamp: u32::MAX - 2, ..GhostMap::default() };
-        assert_eq!(ghosts.insert(1, 10), Inserted::New); // stamp MAX - 1
-        assert_eq!(ghosts.insert(2, 20), Inserted::New); // stamp MAX
-        assert_eq!(ghosts.insert(3, 30), Inserted::New); // stamp 0
-        assert_eq!(ghosts.insert(1, 11), Inserted::Replaced(10), "its first place, stamped before the wrap, is stale");
+    fn forgotten_items_stay_forgotten_through_compactions() {
+        let mut ghosts = GhostMap::<u64, 4>::default();
+        for hash in 1..=4 {
+            ghosts.insert(hash, hash);
+        }
+        assert_eq!(ghosts.take(2), Some(2), "a dead place in the middle");
+        for hash in 5..=200 {
+            assert!(matches!(ghosts.insert(hash, hash), Inserted::New | Inserted::Displaced(_)));
+            assert!(ghosts.by_hash.len() <= 2 * ghosts.len() + 65, "forgotten entries are dropped: {}", ghosts.by_hash.len());
+        }
+        assert_eq!(ghosts.len(), 4);
+        for hash in 1..=196 {
+            assert!(!ghosts.contains(hash), "{hash} was forgotten");
+        }
+        assert_eq!(ghosts.insert(199, 1990), Inserted::Replaced(199), "renumbered places still match their entries");
+        assert_eq!(ghosts.insert(3, 33), Inserted::Displaced(197), "a forgotten item comes back as new");
+        assert_eq!(ghosts.take(1), None);
         let mut order = Vec::new();
         while let Some(oldest) = ghosts.pop_oldest() {
             order.push(oldest);
         }
-        assert_eq!(order, [(2, 20), (3, 30), (1, 11)]);
+        assert_eq!(order, [(198, 198), (200, 200), (199, 1990), (3, 33)]);
+    }
+
+    #[test]
+    fn matches_a_plain_list_on_random_operations() {
+        // The model: (hash, value) in eviction order, the oldest first.
+        let mut model: Vec<(u64, u64)> = Vec::new();
+        let mut ghosts = GhostMap::<u64, 16>::default();
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        for step in 0..200_000u64 {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let hash = (state >> 33) % 40;
+            match (state >> 20) % 8 {
+                0..=3 => {
+                    let had = model.iter().position(|&(h, _)| h == hash).map(|at| model.remove(at).1);
+                    model.push((hash, step));
+                    let expected = match had {
+                        Some(value) => Inserted::Replaced(value),
+                        None if model.len() > 16 => Inserted::Displaced(model.remove(0).1),
+                        None => Inserted::New,
+                    };
+                    assert_eq!(ghosts.insert(hash, step), expected, "insert {hash} at step {step}");
+                }
+                4..=6 => {
+                    let expected = model.iter().position(|&(h, _)| h == hash).map(|at| model.remove(at).1);
+                    assert_eq!(ghosts.take(hash), expected, "take {hash} at step {step}");
+                }
+                _ => {
+                    let expected = (!model.is_empty()).then(|| model.remove(0));
+                    assert_eq!(ghosts.pop_oldest(), expected, "pop at step {step}");
+                }
+            }
+            assert_eq!(ghosts.len(), model.len());
+        }
     }
 
     #[test]
