@@ -7,11 +7,12 @@
 //! its place's stamp. Taking an item back, or remembering it again, marks
 //! its old place dead through that stamp; forgetting the oldest pops the
 //! queue's front and moves `first` past it, which leaves the item's map
-//! entry forgotten by its stamp without touching the map. Dead places and
-//! forgotten entries are dropped together once either outnumbers the live
-//! ones, so every operation is O(1) amortised, and an eviction costs one map
-//! insertion and one push: the default policy pays it on every eviction for
-//! its re-encode counter.
+//! entry forgotten by its stamp without touching the map. Dead places are
+//! dropped once they outnumber the live ones, forgotten entries once they
+//! are half as many (in one sequential pass over the map), so every
+//! operation is O(1) amortised, and an eviction costs one map insertion and
+//! one push: the default policy pays it on every eviction for its re-encode
+//! counter.
 //!
 //! Three things keep one: the re-encode counter (`stats`), `lfu-ghost`'s
 //! frequency memory (`frequency_memory`) and ARC's ghost lists (`arc`).
@@ -52,9 +53,15 @@ pub(crate) fn stale_outnumber_live(places: usize, live: usize) -> bool {
     places > 2 * live + 64
 }
 
-/// A place's stamp: place `i` of the queue has stamp `first + i`. 64 bits
-/// never wrap, so a stamp below `first` always means forgotten.
-type Stamp = u64;
+/// A place's stamp: place `i` of the queue has stamp `first + i`, so a
+/// stamp below `first` means forgotten. 32 bits keep a map entry with a
+/// count to 16 bytes; stamps never wrap, because the places are renumbered
+/// from 0 once `first` reaches [`RENUMBER_AT`].
+type Stamp = u32;
+
+/// `first` at which the places are renumbered from 0: far below the most a
+/// stamp can be, with room for any queue.
+const RENUMBER_AT: Stamp = 1 << 31;
 
 /// A map keyed by 64-bit item hashes.
 pub(crate) type HashKeyed<V> = HashMap<u64, V, BuildHasherDefault<OwnHash>>;
@@ -75,9 +82,9 @@ struct Place<V> {
 /// Forgetting the oldest reads only the queue's front, which is sequential
 /// memory: the map entry of a forgotten item is left in place and known
 /// forgotten by its stamp (below `first`), and such entries are dropped in
-/// one pass once they outnumber the live ones. Taking an item back marks
-/// its place dead through its stamp, so the queue never needs the map
-/// either. Removing each forgotten entry at once would cost a cache miss
+/// one pass once they are half as many as the live ones. Taking an item
+/// back marks its place dead through its stamp, so the queue never needs
+/// the map either. Removing each forgotten entry at once would cost a cache miss
 /// per eviction (the map is large, and the entry lands anywhere in it).
 #[derive(Debug, Clone)]
 pub(crate) struct GhostMap<V, const BOUND: usize> {
@@ -125,6 +132,8 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
 
     /// Remembers `hash` with `value` as the newest.
     pub(crate) fn insert(&mut self, hash: u64, value: V) -> Inserted<V> {
+        // The queue is far shorter than the room left above `RENUMBER_AT`.
+        #[allow(clippy::cast_possible_truncation)]
         let stamp = self.first + self.order.len() as Stamp;
         let had = self.by_hash.insert(hash, (stamp, value));
         self.order.push_back(Place { hash, value, live: true });
@@ -171,6 +180,9 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
             self.first += 1;
             if place.live {
                 self.live -= 1;
+                if self.first >= RENUMBER_AT {
+                    self.compact();
+                }
                 self.compact_if_stale();
                 return Some((place.hash, place.value));
             }
@@ -178,22 +190,27 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
         None
     }
 
-    /// Drops the forgotten map entries once they outnumber the remembered
-    /// items, and the dead places (renumbering those that stay) once they
-    /// outnumber the live ones.
+    /// Drops the dead places (renumbering those that stay) once they
+    /// outnumber the live ones, and the forgotten map entries once they are
+    /// more than half as many as the remembered items (plus some slack). At
+    /// that rule the map's table grows no larger than that of a map that
+    /// removes each forgotten item at once: under churn, hashbrown's
+    /// tombstones double that one's table too.
     #[inline]
     fn compact_if_stale(&mut self) {
         if stale_outnumber_live(self.order.len(), self.live) {
             self.compact();
-        } else if stale_outnumber_live(self.by_hash.len(), self.live) {
+        } else if self.by_hash.len() > self.live + self.live / 2 + 64 {
             let first = self.first;
             self.by_hash.retain(|_, &mut (stamp, _)| stamp >= first);
         }
     }
 
+    /// Keeps only the live places and the map entries remembered, the
+    /// places renumbered from 0.
     #[cold]
     fn compact(&mut self) {
-        // Each live place's new offset from `first`, by its old one.
+        // Each live place's new stamp, by its old offset from `first`.
         let mut kept: Stamp = 0;
         let renumbered: Vec<Stamp> = self
             .order
@@ -206,9 +223,10 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
             .collect();
         self.order.retain(|place| place.live);
         let first = self.first;
+        self.first = 0;
         self.by_hash.retain(|_, (stamp, _)| match stamp.checked_sub(first).and_then(|at| usize::try_from(at).ok()) {
             Some(at) if at < renumbered.len() => {
-                *stamp = first + renumbered[at];
+                *stamp = renumbered[at];
                 true
             }
             _ => false,
@@ -218,7 +236,7 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
 
 #[cfg(test)]
 mod tests {
-    use super::{GhostMap, Inserted};
+    use super::{GhostMap, HashKeyed, Inserted, RENUMBER_AT};
 
     #[test]
     fn the_oldest_goes_first_and_a_repeat_moves_to_the_newest() {
@@ -260,7 +278,8 @@ mod tests {
         assert_eq!(ghosts.take(2), Some(2), "a dead place in the middle");
         for hash in 5..=200 {
             assert!(matches!(ghosts.insert(hash, hash), Inserted::New | Inserted::Displaced(_)));
-            assert!(ghosts.by_hash.len() <= 2 * ghosts.len() + 65, "forgotten entries are dropped: {}", ghosts.by_hash.len());
+            let remembered = ghosts.len();
+            assert!(ghosts.by_hash.len() <= remembered + remembered / 2 + 65, "forgotten entries are dropped: {}", ghosts.by_hash.len());
         }
         assert_eq!(ghosts.len(), 4);
         for hash in 1..=196 {
@@ -277,10 +296,40 @@ mod tests {
     }
 
     #[test]
-    fn matches_a_plain_list_on_random_operations() {
-        // The model: (hash, value) in eviction order, the oldest first.
+    fn forgotten_entries_left_in_the_map_cost_no_larger_table() {
+        // A full memory forgetting one item per insertion, some taken back:
+        // its table is no larger than that of a map that removes each
+        // forgotten item at once (under churn, hashbrown's tombstones make
+        // that one grow too).
+        let mut ghosts = GhostMap::<u32, 2048>::default();
+        let mut eager = HashKeyed::<u32>::default();
+        let mut eager_order = std::collections::VecDeque::new();
+        for hash in 0..200_000u64 {
+            ghosts.insert(hash, 1);
+            eager.insert(hash, 1);
+            eager_order.push_back(hash);
+            if hash % 3 == 0 && hash >= 1000 {
+                ghosts.take(hash - 1000);
+                eager.remove(&(hash - 1000));
+            }
+            while eager.len() > 2048 {
+                let oldest = eager_order.pop_front().unwrap();
+                eager.remove(&oldest);
+            }
+        }
+        assert_eq!(ghosts.len(), eager.len());
+        assert!(
+            ghosts.by_hash.allocation_size() <= eager.allocation_size(),
+            "{} > {}",
+            ghosts.by_hash.allocation_size(),
+            eager.allocation_size()
+        );
+    }
+
+    /// Drives `ghosts` and a plain list (the oldest first) through the same
+    /// random insertions, takes and pops, checking every answer.
+    fn check_against_a_plain_list(mut ghosts: GhostMap<u64, 16>) {
         let mut model: Vec<(u64, u64)> = Vec::new();
-        let mut ghosts = GhostMap::<u64, 16>::default();
         let mut state = 0x9e37_79b9_7f4a_7c15_u64;
         for step in 0..200_000u64 {
             state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
@@ -307,6 +356,17 @@ mod tests {
             }
             assert_eq!(ghosts.len(), model.len());
         }
+    }
+
+    #[test]
+    fn matches_a_plain_list_on_random_operations() {
+        check_against_a_plain_list(GhostMap::default());
+    }
+
+    #[test]
+    fn matches_a_plain_list_across_the_renumbering_of_its_places() {
+        let ghosts = GhostMap { first: RENUMBER_AT - 3, ..GhostMap::default() };
+        check_against_a_plain_list(ghosts);
     }
 
     #[test]
