@@ -153,6 +153,11 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
         Inserted::New
     }
 
+    /// The remembered items' hashes, oldest first.
+    pub(crate) fn hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.order.iter().filter(|place| place.live).map(|place| place.hash)
+    }
+
     /// Whether `hash` is remembered.
     #[cfg(test)]
     pub(crate) fn contains(&self, hash: u64) -> bool {
