@@ -16,6 +16,8 @@ pub mod step;
 
 #[cfg(feature = "python")]
 mod bindings;
+#[cfg(test)]
+mod test_rng;
 
 pub use cache::{
     CacheError, CacheState, CacheStats, Counters, EncoderCache, Entry, EntryPolicyState, EntryState, EvictionPolicy, Handle, HeldInputs,

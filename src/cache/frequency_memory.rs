@@ -42,7 +42,7 @@ const SEEN_BITS_PER_ITEM: usize = 32;
 /// where its slot would be a cache miss. Bits are never cleared one by one:
 /// the filter is rebuilt from the remembered items once it took twice the
 /// bound's items since, which keeps about one bit in ten set.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Seen {
     words: Vec<u64>,
     /// Items added since the last rebuild.
@@ -59,12 +59,24 @@ impl Seen {
         (bit / 64, 1 << (bit % 64))
     }
 
+    /// An empty filter sized for a memory of `bound` items.
+    fn for_bound(bound: usize) -> Self {
+        let mut seen = Self { words: Vec::new(), added: 0 };
+        seen.reset(bound);
+        seen
+    }
+
+    /// Empties the filter and sizes it for a memory of `bound` items.
+    fn reset(&mut self, bound: usize) {
+        let words = (bound * SEEN_BITS_PER_ITEM / 64).next_power_of_two();
+        self.words.clear();
+        self.words.resize(words, 0);
+        self.added = 0;
+    }
+
     /// False only if `hash` was not added since the last rebuild.
     #[inline]
     fn may_contain(&self, hash: u64) -> bool {
-        if self.words.is_empty() {
-            return true;
-        }
         let (word, bit) = self.slot(hash);
         self.words[word] & bit != 0
     }
@@ -74,14 +86,6 @@ impl Seen {
         let (word, bit) = self.slot(hash);
         self.words[word] |= bit;
         self.added += 1;
-    }
-
-    /// Empties the filter and sizes it for a memory of `bound` items.
-    fn reset(&mut self, bound: usize) {
-        let words = (bound * SEEN_BITS_PER_ITEM / 64).next_power_of_two();
-        self.words.clear();
-        self.words.resize(words, 0);
-        self.added = 0;
     }
 }
 
@@ -97,7 +101,7 @@ pub struct FrequencyMemory {
 
 impl Default for FrequencyMemory {
     fn default() -> Self {
-        Self { counts: GhostMap::default(), bound: FREQUENCY_MEMORY, seen: Seen::default() }
+        Self { counts: GhostMap::default(), bound: FREQUENCY_MEMORY, seen: Seen::for_bound(FREQUENCY_MEMORY) }
     }
 }
 
@@ -113,7 +117,7 @@ impl FrequencyMemory {
     pub fn insert(&mut self, hash: u64, count: u32) {
         self.counts.insert(hash, count);
         while self.counts.len() > self.bound && self.counts.pop_oldest().is_some() {}
-        if self.seen.words.is_empty() || self.seen.added > 2 * self.bound {
+        if self.seen.added > 2 * self.bound {
             self.seen.reset(self.bound);
             for remembered in self.counts.hashes() {
                 self.seen.add(remembered);
@@ -137,6 +141,7 @@ impl FrequencyMemory {
 mod tests {
     use super::super::ghosts::GhostMap;
     use super::{frequency_memory_bound, FrequencyMemory, FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS, FREQUENCY_MEMORY_MAX};
+    use crate::test_rng::Rng;
 
     #[test]
     fn a_count_is_taken_back_once() {
@@ -179,17 +184,16 @@ mod tests {
         let mut memory = FrequencyMemory::default();
         let mut bare = GhostMap::<u32, FREQUENCY_MEMORY_MAX>::default();
         let mut bound = FREQUENCY_MEMORY;
-        let mut state = 1_u64;
+        let mut rng = Rng(1);
         let mut remembered = 0;
         for step in 0..300_000u32 {
-            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
             // Well-mixed hashes of 6,000 items.
-            let hash = ((state >> 33) % 6_000).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+            let hash = (rng.below(6_000) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
             if step == 150_000 {
                 bound = FREQUENCY_MEMORY + 1_000;
                 memory.sized(bound as u64 * FREQUENCY_MEMORY_EMBEDS);
             }
-            if state >> 62 == 0 {
+            if rng.below(4) == 0 {
                 let count = bare.take(hash).unwrap_or(0);
                 remembered += usize::from(count > 0);
                 assert_eq!(memory.take(hash), count, "take at step {step}");

@@ -63,6 +63,14 @@ type Stamp = u32;
 /// stamp can be, with room for any queue.
 const RENUMBER_AT: Stamp = 1 << 31;
 
+/// The index of the place stamped `stamp` in a queue of `len` places whose
+/// front is stamped `first`; None if the stamp is not in it (forgotten).
+#[inline]
+fn place_index(stamp: Stamp, first: Stamp, len: usize) -> Option<usize> {
+    let index = usize::try_from(stamp.checked_sub(first)?).ok()?;
+    (index < len).then_some(index)
+}
+
 /// A map keyed by 64-bit item hashes.
 pub(crate) type HashKeyed<V> = HashMap<u64, V, BuildHasherDefault<OwnHash>>;
 
@@ -84,8 +92,8 @@ struct Place<V> {
 /// forgotten by its stamp (below `first`), and such entries are dropped in
 /// one pass once they are half as many as the live ones. Taking an item
 /// back marks its place dead through its stamp, so the queue never needs
-/// the map either. Removing each forgotten entry at once would cost a cache miss
-/// per eviction (the map is large, and the entry lands anywhere in it).
+/// the map either. Removing each forgotten entry at once would cost a cache
+/// miss per eviction (the map is large, and the entry lands anywhere in it).
 #[derive(Debug, Clone)]
 pub(crate) struct GhostMap<V, const BOUND: usize> {
     /// Hash -> (stamp of its place in `order`, value); entries stamped
@@ -126,8 +134,7 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
     /// The place in `order` of a map entry's stamp, if it is remembered.
     #[inline]
     fn index_of(&self, stamp: Stamp) -> Option<usize> {
-        let index = usize::try_from(stamp.checked_sub(self.first)?).ok()?;
-        (index < self.order.len()).then_some(index)
+        place_index(stamp, self.first, self.order.len())
     }
 
     /// Remembers `hash` with `value` as the newest.
@@ -229,12 +236,12 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
         self.order.retain(|place| place.live);
         let first = self.first;
         self.first = 0;
-        self.by_hash.retain(|_, (stamp, _)| match stamp.checked_sub(first).and_then(|at| usize::try_from(at).ok()) {
-            Some(at) if at < renumbered.len() => {
+        self.by_hash.retain(|_, (stamp, _)| match place_index(*stamp, first, renumbered.len()) {
+            Some(at) => {
                 *stamp = renumbered[at];
                 true
             }
-            _ => false,
+            None => false,
         });
     }
 }
@@ -242,6 +249,7 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
 #[cfg(test)]
 mod tests {
     use super::{GhostMap, HashKeyed, Inserted, RENUMBER_AT};
+    use crate::test_rng::Rng;
 
     #[test]
     fn the_oldest_goes_first_and_a_repeat_moves_to_the_newest() {
@@ -335,11 +343,10 @@ mod tests {
     /// random insertions, takes and pops, checking every answer.
     fn check_against_a_plain_list(mut ghosts: GhostMap<u64, 16>) {
         let mut model: Vec<(u64, u64)> = Vec::new();
-        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for step in 0..200_000u64 {
-            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            let hash = (state >> 33) % 40;
-            match (state >> 20) % 8 {
+            let hash = rng.below(40) as u64;
+            match rng.below(8) {
                 0..=3 => {
                     let had = model.iter().position(|&(h, _)| h == hash).map(|at| model.remove(at).1);
                     model.push((hash, step));

@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 
 use super::*;
+use crate::test_rng::Rng;
 
 type Cache = HostBlockCache<()>;
 
@@ -149,21 +150,6 @@ fn s3fifo_evicts_never_loaded_entries_first_and_main_goes_round() {
     alloc(&mut cache, "z", 2);
     assert_eq!(keys(&cache), ["y", "z"]);
     cache.check_invariants().unwrap();
-}
-
-/// A tiny deterministic generator, so the long sequences need no crate.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        // The modulus keeps it below n, which is a usize.
-        #[allow(clippy::cast_possible_truncation)]
-        let r = (self.0 % n as u64) as usize;
-        r
-    }
 }
 
 #[test]
