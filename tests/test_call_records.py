@@ -392,6 +392,43 @@ def test_get_cached_input_ids_shares_an_answer_while_the_holdings_stay(already_h
     assert manager.get_cached_input_ids(request) == set()
 
 
+def test_an_input_set_follows_changes_made_through_another_request_object() -> None:
+    """The answer kept for one request object is not handed out again once the
+    holdings change through another object with the same id, nor once the
+    request lets go of everything and comes back holding the same inputs."""
+    manager = encoder_cache.EncoderCacheManager(100)
+    one, other = (make_request("r", ["a", "b"], [4, 4]) for _ in range(2))
+    schedule_one(manager, one, 0)
+    held = manager.get_cached_input_ids(one)
+    assert held == {0} and manager.get_cached_input_ids(one) is held
+    schedule_one(manager, other, 1)
+    assert manager.get_cached_input_ids(one) == {0, 1}
+    manager.free_encoder_input(other, 1)
+    again = manager.get_cached_input_ids(one)
+    assert again == {0}
+    manager.free(other)
+    assert manager.get_cached_input_ids(one) == set()
+    schedule_one(manager, other, 0)
+    back = manager.get_cached_input_ids(one)
+    assert back == {0} and back is not again
+    back.add(1)  # against the contract, and caught: the set handed out changed size
+    assert manager.get_cached_input_ids(one) == {0}
+
+
+def test_a_subclass_that_reads_requests_while_built_is_restored_without_stale_answers() -> None:
+    request = make_request("r", ["a", "b"], [4, 4])
+
+    class Eager(encoder_cache.EncoderCacheManager):
+        def __init__(self, cache_size: int) -> None:
+            schedule_one(self, request, 1)
+            assert self.get_cached_input_ids(request) == {1}
+
+    source = encoder_cache.EncoderCacheManager(100)
+    schedule_one(source, request, 0)
+    restored = Eager.restore(source.snapshot())
+    assert restored.get_cached_input_ids(request) == {0}
+
+
 def test_a_restored_manager_gives_the_restored_input_sets() -> None:
     manager = encoder_cache.EncoderCacheManager(100)
     request = make_request("r", ["a", "b"], [4, 4])

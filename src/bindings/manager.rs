@@ -11,7 +11,7 @@ use super::calls::{free_request, with_input, with_recorded_key, with_request_id,
 use super::events::PyEventBatch;
 use super::methods::manager_methods;
 use super::modality;
-use super::records::RequestRecord;
+use super::records::{HeldAnswer, RequestRecord};
 use super::request::{count, features, identifier, identifier_of, input_index, request_id, span_of};
 use super::shared::ManagerState;
 use super::state::{cache_state_from_dict, cache_state_to_dict};
@@ -398,22 +398,21 @@ fn counter_names(py: Python<'_>) -> &'static [Py<PyString>; 8] {
 /// (and the caller has not changed its size), else a set made and kept.
 /// Built under the borrow: a set of ints runs no Python code.
 fn held_ids_set<'py>(py: Python<'py>, cache: &EncoderCache, record: &mut RequestRecord) -> PyResult<Bound<'py, PySet>> {
-    let Some(held) = cache.cached_input_ids(record.id()) else {
+    let Some((request, held)) = cache.held_inputs(record.id()) else {
         return PySet::empty(py);
     };
-    if let Some((ids, set)) = record.held_ids.as_deref() {
-        let set = set.bind(py);
-        if ids == held && set.len() == held.len() {
+    let changes = held.changes();
+    if let Some(answer) = record.held_ids.as_deref() {
+        let set = answer.set.bind(py);
+        if answer.request == request && answer.changes == changes && set.len() == held.len() {
             return Ok(set.clone());
         }
     }
     let set = PySet::new(py, held.positions())?;
+    let answer = HeldAnswer { request, changes, set: set.clone().unbind() };
     match record.held_ids.as_deref_mut() {
-        Some(kept) => {
-            kept.0.clone_from(held);
-            kept.1 = set.clone().unbind();
-        }
-        None => record.held_ids = Some(Box::new((held.clone(), set.clone().unbind()))),
+        Some(kept) => *kept = answer,
+        None => record.held_ids = Some(Box::new(answer)),
     }
     Ok(set)
 }

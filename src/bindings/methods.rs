@@ -169,7 +169,14 @@ macro_rules! manager_methods {
                 let cache = Self::load(state)?;
                 // Built as `cls(cache_size)`, so subclasses construct themselves, then given the cache.
                 let manager = cls.call1((cache.cache_size(),))?;
-                manager.cast::<Self>()?.try_borrow_mut()?.cache = cache;
+                // Records made meanwhile (by a subclass's `__init__`) name the
+                // replaced cache's handles: they go, dropped once unborrowed.
+                let records = {
+                    let mut state = manager.cast::<Self>()?.try_borrow_mut()?;
+                    state.cache = cache;
+                    std::mem::take(&mut state.records)
+                };
+                drop(records);
                 Ok(manager)
             }
 

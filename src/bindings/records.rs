@@ -33,7 +33,7 @@ use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PySet};
 
-use crate::cache::{hash_key, Handle, HeldInputs, Key, KeyArg};
+use crate::cache::{hash_key, Handle, Key, KeyArg};
 use crate::step::{Item, Items, StepError};
 
 /// The most request objects a manager keeps records of.
@@ -65,6 +65,16 @@ impl InputRecord {
     }
 }
 
+/// A `get_cached_input_ids` answer and the holdings it was made from,
+/// named by the request's handle and their count of changes (see
+/// `EncoderCache::held_inputs`): comparing two numbers tells whether the
+/// request still holds the same inputs.
+pub(crate) struct HeldAnswer {
+    pub(crate) request: Handle,
+    pub(crate) changes: u64,
+    pub(crate) set: Py<PySet>,
+}
+
 /// Everything a manager keeps of one request object.
 pub(crate) struct RequestRecord {
     request: Py<PyAny>,
@@ -75,9 +85,9 @@ pub(crate) struct RequestRecord {
     pub(crate) inputs: Vec<InputRecord>,
     /// Whether the record has its place in [`Records`]' age order.
     aged: bool,
-    /// What the request held at the last `get_cached_input_ids` answer, with
-    /// that answer, handed out again while the holdings stay the same.
-    pub(crate) held_ids: Option<Box<(HeldInputs, Py<PySet>)>>,
+    /// The last `get_cached_input_ids` answer, handed out again while the
+    /// request's holdings stay the same.
+    pub(crate) held_ids: Option<Box<HeldAnswer>>,
     /// The `request.mm_features` list the per-call methods last read items
     /// from, which they index again instead of reading the attribute.
     pub(crate) features: Option<Py<PyList>>,
@@ -283,8 +293,8 @@ impl Records {
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         for record in self.by_request.values() {
             visit.call(&record.request)?;
-            if let Some((_, set)) = record.held_ids.as_deref() {
-                visit.call(set)?;
+            if let Some(answer) = record.held_ids.as_deref() {
+                visit.call(&answer.set)?;
             }
             if let Some(features) = &record.features {
                 visit.call(features)?;

@@ -461,6 +461,16 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         self.requests.find_value(&request_id.into()).map(|request| &request.inputs)
     }
 
+    /// [`Self::cached_input_ids`] with the request's handle. The handle and
+    /// [`HeldInputs::changes`] together name one state of one request's
+    /// holdings: a request that lets go of all its inputs leaves the table,
+    /// and a request added later (the same id too) gets another handle.
+    #[inline]
+    pub fn held_inputs<'a>(&self, request_id: impl Into<KeyArg<'a>>) -> Option<(Handle, &HeldInputs)> {
+        let r = self.requests.find(&request_id.into())?;
+        Some((self.requests.handle(r), &self.requests.get(r).inputs))
+    }
+
     /// Whether `request_id` holds `input_id` cached.
     pub fn holds_input<'a>(&self, request_id: impl Into<KeyArg<'a>>, input_id: usize) -> bool {
         self.cached_input_ids(request_id).is_some_and(|inputs| inputs.contains(input_id))

@@ -229,6 +229,12 @@ impl EncoderCache {
         with_policy_cache!(self, c => c.cached_input_ids(request_id))
     }
 
+    #[inline]
+    pub fn held_inputs<'a>(&self, request_id: impl Into<KeyArg<'a>>) -> Option<(Handle, &HeldInputs)> {
+        let request_id = request_id.into();
+        with_policy_cache!(self, c => c.held_inputs(request_id))
+    }
+
     pub fn holds_input<'a>(&self, request_id: impl Into<KeyArg<'a>>, input_id: usize) -> bool {
         let request_id = request_id.into();
         with_policy_cache!(self, c => c.holds_input(request_id, input_id))

@@ -66,11 +66,12 @@ pub struct HeldInputs {
     near: Vec<u32>,
     far: BTreeMap<usize, u32>,
     len: usize,
+    /// Positions placed or removed since these holdings were made.
+    changes: u64,
 }
 
-/// Cheapest first: the counts, the near slots, and the far map only when either has one (the
-/// bindings compare a request's holdings with those of its last `get_cached_input_ids` answer
-/// on every call, and an empty map's comparison alone would cost more than the rest).
+/// By what is held, not by how it was reached (`changes` aside). Cheapest
+/// first: the counts, the near slots, and the far map only when either has one.
 impl PartialEq for HeldInputs {
     fn eq(&self, other: &Self) -> bool {
         self.len == other.len && self.near == other.near && ((self.far.is_empty() && other.far.is_empty()) || self.far == other.far)
@@ -86,6 +87,13 @@ impl HeldInputs {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// How many times a position was placed or removed since these holdings
+    /// were made: while it stays the same, so do they (the bindings hand out
+    /// the same `get_cached_input_ids` answer again on that alone).
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     pub fn get(&self, input_id: usize) -> Option<u32> {
@@ -122,6 +130,7 @@ impl HeldInputs {
             }
         };
         self.len += usize::from(placed);
+        self.changes += u64::from(placed);
         placed
     }
 
@@ -144,6 +153,7 @@ impl HeldInputs {
             self.far.remove(&input_id)?
         };
         self.len -= 1;
+        self.changes += 1;
         Some(item)
     }
 

@@ -22,6 +22,31 @@ fn a_repeated_item_is_held_until_its_last_occurrence_is_freed() {
 }
 
 #[test]
+fn a_handle_and_a_count_of_changes_name_each_state_of_a_requests_holdings() {
+    let mut cache = EncoderCache::new(16);
+    let state =
+        |cache: &EncoderCache| cache.held_inputs("r").map(|(handle, held)| (handle, held.changes(), held.positions().collect::<Vec<_>>()));
+    assert_eq!(state(&cache), None);
+    cache.allocate("r", 0, "a", 4).unwrap();
+    let (first, changes, positions) = state(&cache).unwrap();
+    assert_eq!((changes, positions), (1, vec![0]));
+    assert_eq!(cache.check_and_update_cache("r", 0, "a"), Ok(true));
+    assert_eq!(state(&cache), Some((first, 1, vec![0])), "a hit on a held input changes nothing");
+    assert!(!cache.free_encoder_input("r", 5));
+    assert_eq!(state(&cache), Some((first, 1, vec![0])), "nor does freeing an input not held");
+    cache.allocate("r", 1, "b", 4).unwrap();
+    cache.free_encoder_input("r", 1);
+    assert_eq!(state(&cache), Some((first, 3, vec![0])), "the same inputs, reached by two changes");
+    // The last input freed takes the request out; back, it has another handle.
+    cache.free_encoder_input("r", 0);
+    assert_eq!(state(&cache), None);
+    assert_eq!(cache.check_and_update_cache("r", 0, "a"), Ok(true));
+    let (again, changes, positions) = state(&cache).unwrap();
+    assert_eq!((changes, positions), (1, vec![0]));
+    assert_ne!(again, first, "a request added again is named apart from its former self");
+}
+
+#[test]
 fn a_held_key_is_shared_when_stored_and_found_by_text_pointer_or_handle() {
     let mut cache = PolicyCache::<Vllm>::new(8);
     let (request, item): (Key, Key) = (Key::from("r"), Key::from("imgA"));
