@@ -251,6 +251,11 @@ def test_the_feature_list_is_read_only_past_the_recorded_one() -> None:
     with pytest.raises(IndexError):
         manager.check_and_update_cache(request, 2)
     assert CountingList.list_reads == 2, "an index past the recorded list reads the attribute"
+    with pytest.raises(IndexError):
+        manager.get_cached_num_encoder_embeds(request, 2)
+    assert CountingList.list_reads == 3, "so does the getter's"
+    assert manager.get_cached_num_encoder_embeds(request, 1) == 2
+    assert CountingList.list_reads == 3, "and an index within it does not"
     assert manager.request_hash_refs == {"r": {"a": 1, "b": 1}}
     assert request.size_calls == [1, 1]
     manager.free(request)

@@ -121,13 +121,11 @@ impl RequestRecord {
     /// `mm_features[input_id]` of the recorded `mm_features` list, if it has that many items.
     #[inline]
     pub(crate) fn recorded_feature<'py>(&self, py: Python<'py>, input_id: usize) -> Option<Bound<'py, PyAny>> {
-        let list = self.features.as_ref()?.bind(py);
-        // Indexing a list runs no Python code, so the manager may stay borrowed.
-        if input_id < list.len() {
-            list.get_item(input_id).ok()
-        } else {
-            None
-        }
+        // Indexing a list runs no Python code, so the manager may stay
+        // borrowed. Past the end, the IndexError it raises is dropped: the
+        // caller reads `request.mm_features` afresh (rare), and the common
+        // case makes one call into Python fewer than checking the length.
+        self.features.as_ref()?.bind(py).get_item(input_id).ok()
     }
 
     /// The recorded `mm_features` list.

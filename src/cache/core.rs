@@ -314,6 +314,14 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         self.entries.find_value(&identifier.into()).map(|entry| entry.num_embeds)
     }
 
+    /// The embedding count of the entry `identifier`'s handle names, if the
+    /// handle is still valid: [`Self::cached_num_embeds`] without the look-up
+    /// by name, small enough to inline.
+    #[inline]
+    pub(crate) fn num_embeds_by_handle(&self, identifier: &KeyArg<'_>) -> Option<u64> {
+        self.entries.by_handle(identifier).map(|(_, entry)| entry.num_embeds)
+    }
+
     /// If `identifier` is cached, record that `request_id` uses it at
     /// `input_id` (taking it off the eviction list if it was unreferenced) and
     /// return true: a hit, counted in [`Self::stats`]. An input the request

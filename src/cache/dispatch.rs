@@ -182,9 +182,20 @@ impl EncoderCache {
         with_policy_cache!(self, c => c.reset());
     }
 
-    #[inline]
+    /// The embedding count stored for `identifier`, if it is cached. A valid
+    /// handle answers at once, with no call; anything else is looked up by name.
+    #[allow(clippy::inline_always)] // a few loads per policy, which the compiler left out of line
+    #[inline(always)]
     pub fn cached_num_embeds<'a>(&self, identifier: impl Into<KeyArg<'a>>) -> Option<u64> {
         let identifier = identifier.into();
+        match with_policy_cache!(self, c => c.num_embeds_by_handle(&identifier)) {
+            Some(num_embeds) => Some(num_embeds),
+            None => self.cached_num_embeds_by_name(identifier),
+        }
+    }
+
+    #[inline(never)]
+    fn cached_num_embeds_by_name(&self, identifier: KeyArg<'_>) -> Option<u64> {
         with_policy_cache!(self, c => c.cached_num_embeds(identifier))
     }
 

@@ -63,7 +63,7 @@ impl<T: Named> Table<T> {
 
     /// The slot and value `name`'s handle gives, if the handle is still valid.
     #[inline]
-    fn by_handle(&self, name: &KeyArg<'_>) -> Option<(u32, &T)> {
+    pub(crate) fn by_handle(&self, name: &KeyArg<'_>) -> Option<(u32, &T)> {
         let handle = name.handle()?;
         match self.slots.get(handle.index as usize) {
             Some(Slot { generation, value: Some(value) }) if *generation == handle.generation && value.hash() == name.hash() => {
