@@ -152,7 +152,7 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
         if let Some(answer) = with_recorded_key(slf, request, input_id, |cache, key| cache.cached_num_embeds(key))? {
             return Ok(answer);
         }
-        with_input(slf, request, input_id, Needs::IDENTIFIER, |cache, input| Ok(cache.cached_num_embeds(input.identifier()?)))
+        read_cached_num_embeds(slf, request, input_id)
     }
 
     /// Return whether the item at `input_id` fits this step: within
@@ -206,14 +206,7 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
                 return held_ids_set(py, &state.cache, record);
             }
         }
-        // A request seen for the first time gets its record here: vLLM asks
-        // this of every running request on every step, also of one that
-        // never looked up an item (its items all in its cached KV prefix).
-        let id = request_id(request)?; // may run Python code: read with the manager not borrowed
-        let mut guard = slf.try_borrow_mut()?;
-        let state: &mut ManagerState<EncoderCache> = &mut guard;
-        let record = state.records.entry(request, id.to_str()?);
-        held_ids_set(py, &state.cache, record)
+        first_held_ids_set(slf, request)
     }
 
     /// Drop the request's hold on one input. The request's reference to the
@@ -391,6 +384,31 @@ manager_methods!(PyEncoderCacheManager, EncoderCache {
 fn counter_names(py: Python<'_>) -> &'static [Py<PyString>; 8] {
     static NAMES: PyOnceLock<[Py<PyString>; 8]> = PyOnceLock::new();
     NAMES.get_or_init(py, || Counters::default().named().map(|(name, _)| PyString::intern(py, name).unbind()))
+}
+
+/// `get_cached_num_encoder_embeds` for an item its request's record does
+/// not know yet. Out of line: inlined, its reads made the common case save
+/// every register and set up a large frame on each call.
+#[inline(never)]
+fn read_cached_num_embeds(
+    manager: &Bound<'_, PyEncoderCacheManager>,
+    request: &Bound<'_, PyAny>,
+    input_id: usize,
+) -> PyResult<Option<u64>> {
+    with_input(manager, request, input_id, Needs::IDENTIFIER, |cache, input| Ok(cache.cached_num_embeds(input.identifier()?)))
+}
+
+/// `get_cached_input_ids` for a request seen for the first time, which gets
+/// its record here: vLLM asks this of every running request on every step,
+/// also of one that never looked up an item (its items all in its cached KV
+/// prefix). Out of line, as `read_cached_num_embeds` is.
+#[inline(never)]
+fn first_held_ids_set<'py>(manager: &Bound<'py, PyEncoderCacheManager>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
+    let id = request_id(request)?; // may run Python code: read with the manager not borrowed
+    let mut guard = manager.try_borrow_mut()?;
+    let state: &mut ManagerState<EncoderCache> = &mut guard;
+    let record = state.records.entry(request, id.to_str()?);
+    held_ids_set(manager.py(), &state.cache, record)
 }
 
 /// `get_cached_input_ids`' answer for the request `record` describes: the
