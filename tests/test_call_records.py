@@ -179,6 +179,27 @@ def test_free_drops_what_it_kept_with_the_manager_usable() -> None:
     assert manager.request_hash_refs == {}
 
 
+def test_reset_drops_what_it_kept_with_the_manager_usable() -> None:
+    # reset() forgets every record; a request whose last reference was its
+    # record goes then, and its finaliser must find the manager usable.
+    manager = encoder_cache.EncoderCacheManager(100)
+    seen: list = []
+
+    class DyingRequest(CountingRequest):
+        def __del__(self) -> None:
+            try:
+                seen.append(manager.num_free_slots)
+            except Exception as err:  # the finaliser reports what it met
+                seen.append(err)
+
+    request = DyingRequest("r", [CountingFeature("a", 0, 4)])
+    assert not schedule_one(manager, request, 0)
+    del request
+    assert seen == [], "the manager's record keeps the request"
+    manager.reset()
+    assert seen == [100]
+
+
 def test_a_replaced_feature_is_read_again() -> None:
     manager = encoder_cache.EncoderCacheManager(100)
     request = CountingRequest("r", [CountingFeature("a", 0, 4)])

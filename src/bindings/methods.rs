@@ -29,9 +29,12 @@ macro_rules! manager_methods {
             /// Forget every entry, request and pending report, keeping the capacity
             /// (vLLM calls this when the model's weights change).
             fn reset(slf: &Bound<'_, Self>) -> PyResult<()> {
-                let mut state = slf.try_borrow_mut()?;
-                state.cache.reset();
-                state.records.clear();
+                let records = {
+                    let mut state = slf.try_borrow_mut()?;
+                    state.cache.reset();
+                    std::mem::take(&mut state.records)
+                };
+                drop(records); // with the manager not borrowed: the objects it kept may call back
                 Ok(())
             }
 
