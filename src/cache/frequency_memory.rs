@@ -127,6 +127,12 @@ impl FrequencyMemory {
         }
     }
 
+    /// How many evicted items it remembers.
+    #[cfg(test)]
+    pub(crate) fn remembered(&self) -> usize {
+        self.counts.len()
+    }
+
     /// The count remembered for `hash` (0 if none), which is forgotten.
     #[inline]
     pub fn take(&mut self, hash: u64) -> u32 {

@@ -10,9 +10,11 @@
 //! never pinned there. The counts are halved every [`SHADOW_HALF_LIFE`]
 //! acquisitions, so the recent traffic decides.
 //!
-//! Both shadows keep their items in one slab of nodes, found by hash through
-//! one map, so an acquisition looks its item up once and everything after
-//! that goes by slot. The LRU shadow is a list linked through the nodes
+//! Both shadows keep the items they hold in one slab of nodes, found by hash
+//! through one map, so an acquisition looks its item up once and everything
+//! after that goes by slot. The counts of items the LFU shadow evicted live
+//! apart, in a [`FrequencyMemory`] like `lfu-ghost`'s, so the slab and the
+//! map stay about as small as the two shadows and near the processor. The LRU shadow is a list linked through the nodes
 //! (O(1) to move or unlink); the LFU one keeps its order as two rising runs
 //! and a heap of places naming slots, whose stale places (the item moved, left,
 //! or its slot was reused: every place carries a sequence number no other
@@ -23,7 +25,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use super::entries::NIL;
-use super::frequency_memory::{frequency_memory_bound, FREQUENCY_MEMORY};
+use super::frequency_memory::FrequencyMemory;
 use super::ghosts::{stale_outnumber_live, HashKeyed};
 use super::lanes::{rank_of, run_to_join};
 use super::policies::Policy;
@@ -38,7 +40,7 @@ pub const SHADOW_HALF_LIFE: u32 = 4096;
 pub const SHADOW_NEAR_TIE: u64 = 256;
 
 /// What the shadows know of one item. Its node lives while either shadow
-/// holds the item or the LFU one remembers its count.
+/// holds the item.
 #[derive(Debug, Clone, Copy)]
 struct Node {
     hash: u64,
@@ -48,23 +50,19 @@ struct Node {
     in_lru: bool,
     /// Held by the LFU shadow.
     held: bool,
-    /// The LFU shadow's count of it: 0 if it neither holds nor remembers it.
+    /// The LFU shadow's count of it, while held there.
     count: u32,
     /// Its size as the LRU shadow last saw it.
     lru_embeds: u64,
     /// Its size as the LFU shadow admitted it.
     num_embeds: u64,
-    /// Held: the sequence number of its live place; remembered: when it was evicted.
+    /// While held by the LFU shadow: the sequence number of its live place.
     place: u64,
 }
 
 impl Node {
     fn new(hash: u64) -> Self {
         Self { hash, lru_links: [NIL, NIL], in_lru: false, held: false, count: 0, lru_embeds: 0, num_embeds: 0, place: 0 }
-    }
-
-    fn remembered_since(&self, evicted: u64) -> bool {
-        !self.held && self.count > 0 && self.place == evicted
     }
 }
 
@@ -149,7 +147,7 @@ pub(crate) struct Shadows {
     /// Slots of `nodes` free for reuse.
     free: Vec<u32>,
     capacity: u64,
-    /// Numbers every placing in the LFU shadow and every LFU eviction.
+    /// Numbers every placing in the LFU shadow.
     sequence: u64,
     /// The LRU shadow's least and most recently placed items.
     lru_ends: [u32; 2],
@@ -157,14 +155,10 @@ pub(crate) struct Shadows {
     lru_used: u64,
     /// The LFU shadow's order; a place is live while its item is held there with that sequence.
     places: Places,
-    /// (when evicted, slot) of the LFU shadow's evictions, oldest first; the
-    /// last `memory_bound` remembered keep their counts.
-    evictions: VecDeque<(u64, u32)>,
     held: usize,
-    remembered: usize,
-    /// How many evicted items the LFU shadow remembers, as `lfu-ghost`'s
-    /// frequency memory does for a cache of `capacity` embeddings.
-    memory_bound: usize,
+    /// The counts of items the LFU shadow evicted, as many as `lfu-ghost`
+    /// remembers in a cache of `capacity` embeddings.
+    memory: FrequencyMemory,
     lfu_used: u64,
     /// Embeddings each would have encoded (LRU, LFU), halved every [`SHADOW_HALF_LIFE`] acquisitions.
     encoded: [u64; 2],
@@ -183,10 +177,8 @@ impl Default for Shadows {
             lru_len: 0,
             lru_used: 0,
             places: Places::default(),
-            evictions: VecDeque::new(),
             held: 0,
-            remembered: 0,
-            memory_bound: FREQUENCY_MEMORY,
+            memory: FrequencyMemory::default(),
             lfu_used: 0,
             encoded: [0, 0],
             acquisitions: 0,
@@ -200,7 +192,7 @@ impl Shadows {
     /// `lfu-ghost` does in a cache of that size (from its next eviction on).
     pub(crate) fn resize(&mut self, capacity: u64) {
         self.capacity = capacity;
-        self.memory_bound = frequency_memory_bound(capacity);
+        self.memory.sized(capacity);
     }
 
     /// The item `hash` of `num_embeds` was acquired (a hit or an allocation).
@@ -262,9 +254,7 @@ impl Shadows {
         let frequency_hit = node.held;
         let lfu_placed = node.place;
         if !frequency_hit {
-            if node.count > 0 {
-                self.remembered -= 1;
-            }
+            node.count = self.memory.take(node.hash);
             node.held = true;
             node.num_embeds = num_embeds;
         }
@@ -279,7 +269,6 @@ impl Shadows {
         self.held += 1;
         self.lfu_used += num_embeds;
         self.encoded[1] += num_embeds;
-        self.compact_evictions_if_stale();
         while self.lfu_used > self.capacity {
             let Some((_, place, victim)) = self.places.pop() else { break };
             self.evict_lfu(victim, place);
@@ -342,7 +331,7 @@ impl Shadows {
         self.lru_len -= 1;
         let node = self.nodes[slot as usize];
         self.lru_used -= node.lru_embeds;
-        if node.count == 0 {
+        if !node.held {
             self.release(slot);
         }
     }
@@ -354,39 +343,22 @@ impl Shadows {
         if !node.held || node.place != place {
             return;
         }
-        self.sequence += 1;
         node.held = false;
-        node.place = self.sequence;
+        let (hash, count, in_lru) = (node.hash, node.count, node.in_lru);
         self.lfu_used -= node.num_embeds;
         self.held -= 1;
-        self.remembered += 1;
-        self.evictions.push_back((self.sequence, victim));
-        while self.remembered > self.memory_bound && self.forget_oldest() {}
-    }
-
-    /// Forgets the count of the item the LFU shadow evicted longest ago and
-    /// still remembers; false if it remembers none.
-    fn forget_oldest(&mut self) -> bool {
-        while let Some((evicted, slot)) = self.evictions.pop_front() {
-            let node = &mut self.nodes[slot as usize];
-            if node.remembered_since(evicted) {
-                self.remembered -= 1;
-                node.count = 0;
-                if !node.in_lru {
-                    self.release(slot);
-                }
-                return true;
-            }
+        self.memory.insert(hash, count);
+        if !in_lru {
+            self.release(victim);
         }
-        false
     }
 
-    /// Frees the node at `slot`, which neither shadow holds or remembers.
+    /// Frees the node at `slot`, which neither shadow holds.
     fn release(&mut self, slot: u32) {
         let hash = self.nodes[slot as usize].hash;
         self.slots.remove(&hash);
-        // A freed node is neither held nor counted, so the places and evictions naming its slot
-        // are stale, and a later item there gets new sequence numbers.
+        // A freed node is not held, so the places naming its slot are stale,
+        // and a later item there gets new sequence numbers.
         self.free.push(slot);
     }
 
@@ -400,20 +372,12 @@ impl Shadows {
             });
         }
     }
-
-    /// Drops the evictions of items held again or forgotten once they outnumber the remembered ones.
-    fn compact_evictions_if_stale(&mut self) {
-        if stale_outnumber_live(self.evictions.len(), self.remembered) {
-            let nodes = &self.nodes;
-            self.evictions.retain(|&(evicted, slot)| nodes[slot as usize].remembered_since(evicted));
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::frequency_memory::FREQUENCY_MEMORY_EMBEDS;
-    use super::{Places, Shadows, FREQUENCY_MEMORY};
+    use super::super::frequency_memory::{FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS};
+    use super::{Places, Shadows};
 
     #[test]
     fn places_pop_lowest_first_whatever_order_they_come_in() {
@@ -480,17 +444,17 @@ mod tests {
         for k in 0..4 * FREQUENCY_MEMORY as u64 {
             shadows.acquire(k, 64);
         }
-        assert_eq!(shadows.remembered, FREQUENCY_MEMORY, "a small cache: the least bound");
+        assert_eq!(shadows.memory.remembered(), FREQUENCY_MEMORY, "a small cache: the least bound");
         let large = 3000 * FREQUENCY_MEMORY_EMBEDS;
         shadows.resize(large);
-        assert_eq!(shadows.remembered, FREQUENCY_MEMORY, "nothing changes before the next eviction");
+        assert_eq!(shadows.memory.remembered(), FREQUENCY_MEMORY, "nothing changes before the next eviction");
         for k in 0..8000 {
             shadows.acquire(1_000_000 + k, 64);
         }
-        assert_eq!(shadows.remembered, 3000, "one per {FREQUENCY_MEMORY_EMBEDS} embeddings");
+        assert_eq!(shadows.memory.remembered(), 3000, "one per {FREQUENCY_MEMORY_EMBEDS} embeddings");
         shadows.resize(640);
         shadows.acquire(2_000_000, 64);
-        assert_eq!(shadows.remembered, FREQUENCY_MEMORY, "shrunk at its next eviction");
+        assert_eq!(shadows.memory.remembered(), FREQUENCY_MEMORY, "shrunk at its next eviction");
     }
 
     #[test]
