@@ -98,6 +98,7 @@ impl Arc {
 impl EvictionPolicy for Arc {
     const POLICY: Policy = Policy::Arc;
     type Meta = ArcMeta;
+    type Window = ();
 
     #[inline]
     fn on_hit(&mut self, meta: &mut ArcMeta, _hash: u64, num_embeds: u64) {
@@ -176,7 +177,7 @@ impl EvictionPolicy for Arc {
         meta
     }
 
-    fn admit(&mut self, hash: u64, num_embeds: u64) -> ArcMeta {
+    fn admit(&mut self, hash: u64, num_embeds: u64, _remembered: u32) -> ArcMeta {
         let from_recent = self.recent_ghosts.take(hash);
         let from_frequent = if from_recent.is_none() { self.frequent_ghosts.take(hash) } else { None };
         if from_recent.is_some() {

@@ -14,6 +14,7 @@ use hashbrown::{HashMap, HashSet};
 use super::entries::{Entry, Referrers};
 use super::errors::CacheError;
 use super::events::EventLog;
+use super::ghosts::Window;
 use super::keys::{Handle, Holding, Key, KeyArg};
 use super::policies::{Entries, EvictionPolicy, Policy};
 use super::requests::{HeldInputs, RequestRefs};
@@ -48,7 +49,7 @@ pub struct PolicyCache<P: EvictionPolicy> {
     pub(crate) waiting: HashMap<Key, Vec<Key>>,
     pub(crate) waiting_count: HashMap<Key, u32>,
     pub(crate) tally: Tally,
-    pub(crate) ghosts: Ghosts,
+    pub(crate) ghosts: Ghosts<P::Window>,
     /// Off (`None`) unless enabled: see `events`.
     pub(crate) events: Option<Box<EventLog>>,
 }
@@ -57,6 +58,8 @@ impl<P: EvictionPolicy> PolicyCache<P> {
     pub fn new(cache_size: u64) -> Self {
         let mut policy = P::default();
         policy.sized(cache_size);
+        let mut ghosts = Ghosts::default();
+        ghosts.sized(cache_size, &mut Tally::default());
         Self {
             cache_size,
             num_free_slots: cache_size,
@@ -68,7 +71,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
             waiting: HashMap::new(),
             waiting_count: HashMap::new(),
             tally: Tally::default(),
-            ghosts: Ghosts::default(),
+            ghosts,
             events: None,
         }
     }
@@ -204,6 +207,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         let (used, freeable) = (self.used_embeds(), self.freeable_embeds());
         self.cache_size = cache_size;
         self.policy.sized(cache_size);
+        self.ghosts.sized(cache_size, &mut self.tally);
         self.num_free_slots = cache_size - used;
         self.num_freeable_slots = self.num_free_slots + freeable;
         Ok(())
@@ -289,7 +293,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         let entry = self.entries.remove(e);
         self.num_free_slots += entry.num_embeds;
         self.tally.eviction(entry.modality, entry.num_embeds);
-        self.ghosts.evicted(entry.hash, &mut self.tally);
+        self.ghosts.evicted(entry.hash, P::frequency(&entry.meta), &mut self.tally);
         self.policy.evicted(entry.hash, &entry.meta, entry.num_embeds);
         self.freed.push((entry.key, entry.hash));
         true
@@ -451,13 +455,18 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         self.holds(request, request_id, input_id, identifier)?;
         let r = request.unwrap_or_else(|| self.requests.insert(RequestRefs::new(request_id.to_key(), request_id.hash())));
         let mut entry = Entry::new(identifier.to_key(), hash, num_embeds, Referrers::One(r), modality);
-        entry.meta = self.policy.admit(hash, num_embeds);
+        let remembered = if <P::Window as Window>::KEEPS {
+            self.ghosts.allocated_counted(hash, modality, num_embeds, &mut self.tally)
+        } else {
+            self.ghosts.allocated(hash, modality, num_embeds, &mut self.tally);
+            0
+        };
+        entry.meta = self.policy.admit(hash, num_embeds, remembered);
         let e = self.entries.insert(entry);
         Self::add_occurrence(self.requests.get_mut(r), input_id, e, true);
         self.num_free_slots -= num_embeds;
         self.num_freeable_slots -= num_embeds;
         self.tally.miss(modality, num_embeds);
-        self.ghosts.allocated(hash, modality, num_embeds, &mut self.tally);
         if let Some(log) = self.events.as_deref_mut() {
             log.record_stored(&self.entries.get(e).key, hash);
         }

@@ -16,6 +16,7 @@
 //! both orders; the shadows and the frequency memory are not in it.
 
 use super::entries::{NIL, NO_LANE};
+use super::frequency_memory::FrequencyWindow;
 use super::policies::{Entries, EvictionPolicy, GdsfMeta, GhostLfu, Policy};
 use super::shadows::Shadows;
 
@@ -134,6 +135,7 @@ impl Duel {
 impl EvictionPolicy for Duel {
     const POLICY: Policy = Policy::Duel;
     type Meta = GdsfMeta;
+    type Window = FrequencyWindow;
 
     #[inline]
     fn on_hit(&mut self, meta: &mut GdsfMeta, hash: u64, num_embeds: u64) {
@@ -194,7 +196,6 @@ impl EvictionPolicy for Duel {
     }
 
     fn sized(&mut self, cache_size: u64) {
-        self.lfu.sized(cache_size);
         self.shadows.resize(cache_size);
     }
 
@@ -211,12 +212,8 @@ impl EvictionPolicy for Duel {
     }
 
     #[inline]
-    fn admit(&mut self, hash: u64, num_embeds: u64) -> GdsfMeta {
+    fn admit(&mut self, hash: u64, num_embeds: u64, remembered: u32) -> GdsfMeta {
         self.shadows.acquire(hash, num_embeds);
-        self.lfu.admit(hash, num_embeds)
-    }
-
-    fn evicted(&mut self, hash: u64, meta: &GdsfMeta, num_embeds: u64) {
-        self.lfu.evicted(hash, meta, num_embeds);
+        self.lfu.admit(hash, num_embeds, remembered)
     }
 }

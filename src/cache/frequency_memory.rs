@@ -12,7 +12,9 @@
 //! twin keeps the same memory by identifier in eviction order, with the same
 //! bound.
 
-use super::ghosts::GhostMap;
+use std::collections::VecDeque;
+
+use super::ghosts::{GhostMap, Place, Stamp, Window};
 
 /// The fewest evicted items a [`FrequencyMemory`] remembers: its bound for
 /// caches of up to `FREQUENCY_MEMORY * FREQUENCY_MEMORY_EMBEDS` embeddings.
@@ -89,6 +91,105 @@ impl Seen {
     }
 }
 
+/// The frequency memory of `lfu-ghost` and `duel`, as a [`Window`] on the
+/// ghosts that recognise re-encodes (`stats`): those see every eviction and
+/// every allocation, in order, as a memory of the policy's own would, and
+/// keep each item's count. So the newest of their remembered items, up to
+/// the bound a [`FrequencyMemory`] would have, are the items it would
+/// remember, with the same counts, and the policy keeps no map of its own.
+#[derive(Debug, Clone)]
+pub struct FrequencyWindow {
+    /// The ghosts' live places stamped at or after this are in the window.
+    first: Stamp,
+    /// How many live places are in it.
+    live: usize,
+    /// How many it holds at most (see [`frequency_memory_bound`]).
+    bound: usize,
+    /// Every item in it or about to be, and some no longer there.
+    seen: Seen,
+}
+
+impl Default for FrequencyWindow {
+    fn default() -> Self {
+        Self { first: 0, live: 0, bound: FREQUENCY_MEMORY, seen: Seen::for_bound(FREQUENCY_MEMORY) }
+    }
+}
+
+impl Window for FrequencyWindow {
+    const KEEPS: bool = true;
+
+    #[inline]
+    fn pushed(&mut self) {
+        self.live += 1;
+    }
+
+    #[inline]
+    fn left(&mut self, stamp: Stamp) {
+        if stamp >= self.first {
+            self.live -= 1;
+        }
+    }
+
+    #[inline]
+    fn holds(&self, stamp: Stamp) -> bool {
+        stamp >= self.first
+    }
+
+    #[inline]
+    fn trim<V>(&mut self, order: &VecDeque<Place<V>>, first: Stamp) {
+        while self.live > self.bound {
+            // Stamps below the queue's front are forgotten: they count as the front.
+            let mut at = self.first.saturating_sub(first) as usize;
+            while order.get(at).is_some_and(|place| !place.live) {
+                at += 1;
+            }
+            if at >= order.len() {
+                // Every live place of the window is in the queue, so this is never reached.
+                self.live = 0;
+                break;
+            }
+            // Offsets in the queue fit a stamp (see `Stamp`).
+            #[allow(clippy::cast_possible_truncation)]
+            let passed = first + at as Stamp;
+            self.first = passed + 1;
+            self.live -= 1;
+        }
+    }
+
+    #[inline]
+    fn renumbered(&mut self, first: Stamp, new_stamps: &[Stamp], kept: Stamp) {
+        let offset = self.first.saturating_sub(first) as usize;
+        self.first = new_stamps.get(offset).copied().unwrap_or(kept);
+    }
+
+    #[inline]
+    fn noted(&mut self, hash: u64) {
+        self.seen.add(hash);
+    }
+
+    #[inline]
+    fn may_hold(&self, hash: u64) -> bool {
+        self.seen.may_contain(hash)
+    }
+
+    /// Rebuilds the filter from the window's items once it took twice the
+    /// bound's items since its last rebuild.
+    fn refresh<V>(&mut self, order: &VecDeque<Place<V>>, first: Stamp) {
+        if self.seen.added <= 2 * self.bound {
+            return;
+        }
+        self.seen.reset(self.bound);
+        let from = self.first.saturating_sub(first) as usize;
+        for place in order.iter().skip(from).filter(|place| place.live) {
+            self.seen.add(place.hash);
+        }
+    }
+
+    fn sized(&mut self, cache_size: u64) {
+        self.bound = frequency_memory_bound(cache_size);
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct FrequencyMemory {
     /// Evicted items' counts by hash, oldest eviction first.
@@ -146,7 +247,10 @@ impl FrequencyMemory {
 #[cfg(test)]
 mod tests {
     use super::super::ghosts::GhostMap;
-    use super::{frequency_memory_bound, FrequencyMemory, FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS, FREQUENCY_MEMORY_MAX};
+    use super::super::stats::{Ghosts, Tally};
+    use super::{
+        frequency_memory_bound, FrequencyMemory, FrequencyWindow, FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS, FREQUENCY_MEMORY_MAX,
+    };
     use crate::test_rng::Rng;
 
     #[test]
@@ -210,6 +314,68 @@ mod tests {
             }
         }
         assert!(remembered > 10_000, "the takes found counts: {remembered}");
+    }
+
+    #[test]
+    fn the_window_on_the_ghosts_remembers_what_a_memory_of_its_own_would() {
+        // One cache's evictions and allocations, given to ghosts with a
+        // frequency window, to a memory of its own and to plain ghosts:
+        // every allocation gets the count the memory gives, and the window's
+        // ghosts count the re-encodes the plain ones count. Across changes
+        // of the bound (up to the ghosts' own), the filter's rebuilds, the
+        // ghosts forgetting past their bound and their compactions.
+        let mut tally = Tally::default();
+        let mut windowed = Ghosts::<FrequencyWindow>::default();
+        let (mut plain, mut plain_tally) = (Ghosts::<()>::default(), Tally::default());
+        let mut memory = FrequencyMemory::default();
+        let mut cached: Vec<u64> = Vec::new();
+        let mut rng = Rng(7);
+        let (mut resumed, mut allocations) = (0, 0);
+        // (cache size, items): a bound of 2,048, 5,000, 2,048 (shrunk), the
+        // ghosts' own (whose items outnumber it) and 3,000; a few more items
+        // than the bound, so that allocations often find the window's oldest.
+        let phases = [
+            (0, 2_600),
+            (5_000 * FREQUENCY_MEMORY_EMBEDS, 6_000),
+            (0, 2_600),
+            (u64::MAX, 90_000),
+            (3_000 * FREQUENCY_MEMORY_EMBEDS, 3_600),
+        ];
+        let mut items = 0;
+        for step in 0..500_000usize {
+            if step % 100_000 == 0 {
+                let cache_size;
+                (cache_size, items) = phases[step / 100_000];
+                windowed.sized(cache_size, &mut tally);
+                memory.sized(cache_size);
+            }
+            let hash = (rng.below(items) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+            if cached.len() < 64 || rng.below(2) == 0 {
+                if cached.contains(&hash) {
+                    continue;
+                }
+                cached.push(hash);
+                allocations += 1;
+                let count = windowed.allocated_counted(hash, 1, 8, &mut tally);
+                plain.allocated(hash, 1, 8, &mut plain_tally);
+                assert_eq!(count, memory.take(hash), "allocation at step {step}");
+                resumed += usize::from(count > 0);
+            } else {
+                let hash = cached.swap_remove(rng.below(cached.len()));
+                let count = u32::try_from(rng.below(50)).unwrap() + 1;
+                windowed.evicted(hash, count, &mut tally);
+                plain.evicted(hash, count, &mut plain_tally);
+                memory.insert(hash, count);
+            }
+        }
+        windowed.apply(&mut tally);
+        plain.apply(&mut plain_tally);
+        assert_eq!(tally.report(), plain_tally.report());
+        let reencodes = tally.report().total.reencodes;
+        assert!(
+            resumed > 5_000 && reencodes > resumed as u64 + 5_000,
+            "{resumed} resumed, {reencodes} re-encodes, {allocations} allocations"
+        );
     }
 
     #[test]

@@ -14,8 +14,11 @@
 //! one push: the default policy pays it on every eviction for its re-encode
 //! counter.
 //!
-//! Three things keep one: the re-encode counter (`stats`), `lfu-ghost`'s
-//! frequency memory (`frequency_memory`) and ARC's ghost lists (`arc`).
+//! A map may also keep a [`Window`] on its newest items: what a smaller map
+//! fed the same insertions and takes would remember, without a map of its
+//! own. The re-encode counter (`stats`) keeps one, with the frequency memory
+//! of `lfu-ghost` and `duel` as its window (`frequency_memory`); `duel`'s
+//! shadows and ARC's ghost lists (`arc`) keep their own.
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -57,7 +60,7 @@ pub(crate) fn stale_outnumber_live(places: usize, live: usize) -> bool {
 /// stamp below `first` means forgotten. 32 bits keep a map entry with a
 /// count to 16 bytes; stamps never wrap, because the places are renumbered
 /// from 0 once `first` reaches [`RENUMBER_AT`].
-type Stamp = u32;
+pub type Stamp = u32;
 
 /// `first` at which the places are renumbered from 0: far below the most a
 /// stamp can be, with room for any queue.
@@ -78,10 +81,80 @@ pub(crate) type HashKeyed<V> = HashMap<u64, V, BuildHasherDefault<OwnHash>>;
 /// the item's live place (false once the item was taken back or remembered
 /// again).
 #[derive(Debug, Clone, Copy)]
-struct Place<V> {
-    hash: u64,
+pub struct Place<V> {
+    pub(crate) hash: u64,
     value: V,
-    live: bool,
+    pub(crate) live: bool,
+}
+
+/// What a [`GhostMap`] keeps apart among the items it remembers: nothing
+/// (`()`), or its newest up to a bound of their own
+/// ([`FrequencyWindow`](super::frequency_memory::FrequencyWindow)). The map
+/// tells it of every place that comes or goes; each method of `()` is empty.
+pub trait Window: Clone + Default + std::fmt::Debug {
+    /// Whether the window holds anything at all (false for `()`).
+    const KEEPS: bool;
+
+    /// A live place was pushed, the newest.
+    #[inline]
+    fn pushed(&mut self) {}
+
+    /// The live place stamped `stamp` died: taken back, remembered again or forgotten.
+    #[inline]
+    fn left(&mut self, stamp: Stamp) {
+        let _ = stamp;
+    }
+
+    /// Whether the live place stamped `stamp` is in the window.
+    #[inline]
+    fn holds(&self, stamp: Stamp) -> bool {
+        let _ = stamp;
+        false
+    }
+
+    /// After a push: lets the oldest of its places go past its bound. The
+    /// queue `order` has its front stamped `first`.
+    #[inline]
+    fn trim<V>(&mut self, order: &VecDeque<Place<V>>, first: Stamp) {
+        let _ = (order, first);
+    }
+
+    /// The queue, whose front was stamped `first`, was compacted: the live
+    /// place at offset `i` is now stamped `new_stamps[i]`, and `kept` places stay.
+    #[inline]
+    fn renumbered(&mut self, first: Stamp, new_stamps: &[Stamp], kept: Stamp) {
+        let _ = (first, new_stamps, kept);
+    }
+
+    /// `hash` is about to be inserted (its insertion may be deferred).
+    #[inline]
+    fn noted(&mut self, hash: u64) {
+        let _ = hash;
+    }
+
+    /// False only if `hash` is surely not in the window, nor about to be.
+    #[inline]
+    fn may_hold(&self, hash: u64) -> bool {
+        let _ = hash;
+        false
+    }
+
+    /// Upkeep between batches of insertions and takes, on the queue `order`
+    /// whose front is stamped `first`.
+    #[inline]
+    fn refresh<V>(&mut self, order: &VecDeque<Place<V>>, first: Stamp) {
+        let _ = (order, first);
+    }
+
+    /// The owner's cache now holds `cache_size` embeddings.
+    #[inline]
+    fn sized(&mut self, cache_size: u64) {
+        let _ = cache_size;
+    }
+}
+
+impl Window for () {
+    const KEEPS: bool = false;
 }
 
 /// Evicted items by hash, each with a value, oldest first; at most `BOUND`
@@ -95,7 +168,7 @@ struct Place<V> {
 /// the map either. Removing each forgotten entry at once would cost a cache
 /// miss per eviction (the map is large, and the entry lands anywhere in it).
 #[derive(Debug, Clone)]
-pub(crate) struct GhostMap<V, const BOUND: usize> {
+pub(crate) struct GhostMap<V, const BOUND: usize, W = ()> {
     /// Hash -> (stamp of its place in `order`, value); entries stamped
     /// below `first` are forgotten.
     by_hash: HashKeyed<(Stamp, V)>,
@@ -105,11 +178,12 @@ pub(crate) struct GhostMap<V, const BOUND: usize> {
     first: Stamp,
     /// How many items are remembered: the live places.
     live: usize,
+    window: W,
 }
 
-impl<V, const BOUND: usize> Default for GhostMap<V, BOUND> {
+impl<V, const BOUND: usize, W: Window> Default for GhostMap<V, BOUND, W> {
     fn default() -> Self {
-        Self { by_hash: HashKeyed::default(), order: VecDeque::new(), first: 0, live: 0 }
+        Self { by_hash: HashKeyed::default(), order: VecDeque::new(), first: 0, live: 0, window: W::default() }
     }
 }
 
@@ -124,11 +198,24 @@ pub(crate) enum Inserted<V> {
     Displaced(V),
 }
 
-impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
+impl<V: Copy, const BOUND: usize, W: Window> GhostMap<V, BOUND, W> {
     /// How many items are remembered.
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.live
+    }
+
+    pub(crate) fn window(&self) -> &W {
+        &self.window
+    }
+
+    pub(crate) fn window_mut(&mut self) -> &mut W {
+        &mut self.window
+    }
+
+    /// Runs the window's upkeep ([`Window::refresh`]).
+    pub(crate) fn refresh_window(&mut self) {
+        self.window.refresh(&self.order, self.first);
     }
 
     /// The place in `order` of a map entry's stamp, if it is remembered.
@@ -144,9 +231,22 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
         let stamp = self.first + self.order.len() as Stamp;
         let had = self.by_hash.insert(hash, (stamp, value));
         self.order.push_back(Place { hash, value, live: true });
+        self.window.pushed();
+        let inserted = self.made_room(had);
+        if W::KEEPS {
+            self.window.trim(&self.order, self.first);
+        }
+        inserted
+    }
+
+    /// After a push: marks the item's earlier place dead, if it had one, or
+    /// forgets the oldest item past the bound.
+    #[inline]
+    fn made_room(&mut self, had: Option<(Stamp, V)>) -> Inserted<V> {
         if let Some((had_stamp, had)) = had {
             if let Some(index) = self.index_of(had_stamp) {
                 self.order[index].live = false;
+                self.window.left(had_stamp);
                 self.compact_if_stale();
                 return Inserted::Replaced(had);
             }
@@ -174,6 +274,12 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
     /// Forgets `hash`; its value if it was remembered.
     #[inline]
     pub(crate) fn take(&mut self, hash: u64) -> Option<V> {
+        self.take_windowed(hash).map(|(value, _)| value)
+    }
+
+    /// Forgets `hash`; its value if it was remembered, and whether it was in the window.
+    #[inline]
+    pub(crate) fn take_windowed(&mut self, hash: u64) -> Option<(V, bool)> {
         if self.by_hash.is_empty() {
             return None;
         }
@@ -181,8 +287,10 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
         let index = self.index_of(stamp)?;
         self.order[index].live = false;
         self.live -= 1;
+        let in_window = self.window.holds(stamp);
+        self.window.left(stamp);
         self.compact_if_stale();
-        Some(value)
+        Some((value, in_window))
     }
 
     /// Forgets the oldest item: its hash and value. Its map entry stays,
@@ -192,6 +300,7 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
             self.first += 1;
             if place.live {
                 self.live -= 1;
+                self.window.left(self.first - 1);
                 if self.first >= RENUMBER_AT {
                     self.compact();
                 }
@@ -235,6 +344,7 @@ impl<V: Copy, const BOUND: usize> GhostMap<V, BOUND> {
             .collect();
         self.order.retain(|place| place.live);
         let first = self.first;
+        self.window.renumbered(first, &renumbered, kept);
         self.first = 0;
         self.by_hash.retain(|_, (stamp, _)| match place_index(*stamp, first, renumbered.len()) {
             Some(at) => {

@@ -15,7 +15,8 @@
 //! - [`GhostLfu`]: [`Gdsf`]'s heap without the aging clock (least
 //!   frequently used, weighted by cost per size), whose frequency survives
 //!   eviction: an item allocated again starts from the count it had when
-//!   evicted ([`FrequencyMemory`]).
+//!   evicted (its frequency memory, a [`FrequencyWindow`] on the cache's
+//!   ghosts, which hands the count to [`EvictionPolicy::admit`]).
 //! - [`Arc`](super::arc::Arc) (in `arc`): a recent and a frequent FIFO lane
 //!   per tier, and an adaptive target choosing between them.
 //! - [`Duel`](super::duel::Duel) (in `duel`): [`GhostLfu`]'s lanes and a
@@ -28,7 +29,8 @@
 use std::fmt::Debug;
 
 use super::entries::Entry;
-use super::frequency_memory::FrequencyMemory;
+use super::frequency_memory::FrequencyWindow;
+use super::ghosts::Window;
 use super::lanes::{HeapKey, HeapLanes, ListLanes};
 use super::table::Table;
 
@@ -123,6 +125,9 @@ pub trait EvictionPolicy: Debug + Clone + Default + Send + Sync + 'static {
     const POLICY: Policy;
     /// What the policy keeps per entry.
     type Meta: Debug + Clone + Copy + Default + Send + Sync;
+    /// What the cache's ghosts keep apart for the policy: `()`, or the
+    /// frequency memory ([`FrequencyWindow`]) whose counts [`Self::admit`] gets.
+    type Window: Window;
 
     /// A counted hit on the item `hash` of `num_embeds`.
     #[inline]
@@ -180,10 +185,12 @@ pub trait EvictionPolicy: Debug + Clone + Default + Send + Sync + 'static {
     /// Per-entry data for a restored entry of `num_embeds` acquired `frequency` times.
     fn meta_with(&mut self, frequency: u32, num_embeds: u64) -> Self::Meta;
 
-    /// Per-entry data for the item `hash` of `num_embeds`, just allocated (a miss).
+    /// Per-entry data for the item `hash` of `num_embeds`, just allocated (a
+    /// miss); `remembered` is the count its frequency memory kept since its
+    /// eviction (0 without one, or if it kept none).
     #[inline]
-    fn admit(&mut self, hash: u64, num_embeds: u64) -> Self::Meta {
-        let _ = (hash, num_embeds);
+    fn admit(&mut self, hash: u64, num_embeds: u64, remembered: u32) -> Self::Meta {
+        let _ = (hash, num_embeds, remembered);
         Self::Meta::default()
     }
 
@@ -203,6 +210,7 @@ pub struct Vllm {
 impl EvictionPolicy for Vllm {
     const POLICY: Policy = Policy::Vllm;
     type Meta = ();
+    type Window = ();
 
     #[inline]
     #[allow(private_interfaces)]
@@ -290,6 +298,7 @@ impl Gdsf {
 impl EvictionPolicy for Gdsf {
     const POLICY: Policy = Policy::Gdsf;
     type Meta = GdsfMeta;
+    type Window = ();
 
     fn on_hit(&mut self, meta: &mut GdsfMeta, _hash: u64, _num_embeds: u64) {
         meta.frequency = meta.frequency.saturating_add(1);
@@ -371,6 +380,7 @@ pub struct S3Fifo {
 impl EvictionPolicy for S3Fifo {
     const POLICY: Policy = Policy::S3Fifo;
     type Meta = S3FifoMeta;
+    type Window = ();
 
     fn on_hit(&mut self, meta: &mut S3FifoMeta, _hash: u64, _num_embeds: u64) {
         meta.frequency = meta.frequency.saturating_add(1);
@@ -435,13 +445,13 @@ impl EvictionPolicy for S3Fifo {
 }
 
 /// LFU whose frequency survives eviction: [`Gdsf`]'s heap and tie-breaks
-/// with priority `frequency * cost / size` and no clock, and a memory of
-/// evicted items' counts that an item allocated again resumes.
+/// with priority `frequency * cost / size` and no clock. An item allocated
+/// again resumes the count its frequency memory (the cache's ghosts, through
+/// a [`FrequencyWindow`]) kept.
 #[derive(Debug, Clone, Default)]
 pub struct GhostLfu {
     /// Its clock is never read: every release passes its priority.
     gdsf: Gdsf,
-    memory: FrequencyMemory,
 }
 
 /// `lfu-ghost`'s order in parts, for [`Duel`](super::duel::Duel), which
@@ -474,6 +484,7 @@ impl GhostLfu {
 impl EvictionPolicy for GhostLfu {
     const POLICY: Policy = Policy::GhostLfu;
     type Meta = GdsfMeta;
+    type Window = FrequencyWindow;
 
     fn on_hit(&mut self, meta: &mut GdsfMeta, hash: u64, num_embeds: u64) {
         self.gdsf.on_hit(meta, hash, num_embeds);
@@ -516,15 +527,7 @@ impl EvictionPolicy for GhostLfu {
         self.gdsf.meta_with(frequency, num_embeds)
     }
 
-    fn sized(&mut self, cache_size: u64) {
-        self.memory.sized(cache_size);
-    }
-
-    fn admit(&mut self, hash: u64, _num_embeds: u64) -> GdsfMeta {
-        GdsfMeta::with_frequency(self.memory.take(hash).saturating_add(1))
-    }
-
-    fn evicted(&mut self, hash: u64, meta: &GdsfMeta, _num_embeds: u64) {
-        self.memory.insert(hash, meta.frequency);
+    fn admit(&mut self, _hash: u64, _num_embeds: u64, remembered: u32) -> GdsfMeta {
+        GdsfMeta::with_frequency(remembered.saturating_add(1))
     }
 }

@@ -238,10 +238,10 @@ fn hits_and_misses_are_counted_once_per_acquisition() {
 
 #[test]
 fn the_memory_of_evicted_items_is_bounded() {
-    let (mut ghosts, mut tally) = (stats::Ghosts::default(), stats::Tally::default());
+    let (mut ghosts, mut tally) = (stats::Ghosts::<()>::default(), stats::Tally::default());
     let hash = |k: usize| hash_key(&format!("i{k}"));
     for k in 0..EVICTED_MEMORY + 10 {
-        ghosts.evicted(hash(k), &mut tally);
+        ghosts.evicted(hash(k), 1, &mut tally);
     }
     assert!(!ghosts.remembers(hash(9), &mut tally), "the oldest are forgotten");
     assert!(ghosts.remembers(hash(10), &mut tally));
@@ -258,12 +258,12 @@ fn collected_ghost_updates_apply_in_order_whenever_counters_are_read() {
     // An item evicted, allocated, evicted and allocated again within one
     // batch is two re-encodes; one evicted and allocated before its eviction
     // is none. Every read of the counters sees what was collected so far.
-    let (mut ghosts, mut tally) = (stats::Ghosts::default(), stats::Tally::default());
+    let (mut ghosts, mut tally) = (stats::Ghosts::<()>::default(), stats::Tally::default());
     let (a, b) = (hash_key("a"), hash_key("b"));
     ghosts.allocated(b, 0, 3, &mut tally);
-    ghosts.evicted(b, &mut tally);
+    ghosts.evicted(b, 1, &mut tally);
     for _ in 0..2 {
-        ghosts.evicted(a, &mut tally);
+        ghosts.evicted(a, 1, &mut tally);
         ghosts.allocated(a, 2, 5, &mut tally);
     }
     ghosts.apply(&mut tally);

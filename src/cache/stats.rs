@@ -10,7 +10,7 @@
 //! counted when the ghosts apply what they collected (see [`Ghosts`]); every
 //! read and reset of the counters applies it first, so a report is exact.
 
-use super::ghosts::GhostMap;
+use super::ghosts::{GhostMap, Window};
 
 /// How many evicted items the cache remembers to recognise re-encodes: the
 /// most recent evictions (an item leaves when allocated again).
@@ -139,8 +139,13 @@ const GHOST_BATCH: usize = 64;
 /// An eviction or allocation the ghosts have yet to apply.
 #[derive(Debug, Clone, Copy)]
 enum GhostEvent {
-    Evicted(u64),
-    Allocated { hash: u64, modality: u8, embeds: u64 },
+    /// The item, and how often it was acquired (for a frequency window).
+    Evicted(u64, u32),
+    Allocated {
+        hash: u64,
+        modality: u8,
+        embeds: u64,
+    },
 }
 
 /// Ghosts: the 64-bit hashes of the most recently evicted items, oldest
@@ -153,23 +158,61 @@ enum GhostEvent {
 /// [`GHOST_BATCH`] at a time (and whenever the counters are read or reset),
 /// in one loop whose updates are independent, so that their misses overlap.
 /// Applied in order, they count what updating at once would.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Ghosts {
-    hashes: GhostMap<(), EVICTED_MEMORY>,
+///
+/// With a [`FrequencyWindow`](super::frequency_memory::FrequencyWindow)
+/// (`lfu-ghost`, `duel`) the ghosts also keep
+/// each item's count of acquisitions, and the window on their newest is the
+/// policy's frequency memory: an allocation the window's filter cannot
+/// answer applies what was collected and takes the item back at once.
+#[derive(Debug, Clone)]
+pub(crate) struct Ghosts<W = ()> {
+    hashes: GhostMap<u32, EVICTED_MEMORY, W>,
     pending: Vec<GhostEvent>,
 }
 
-impl Ghosts {
-    /// Remembers an evicted item.
+impl<W: Window> Default for Ghosts<W> {
+    fn default() -> Self {
+        Self { hashes: GhostMap::default(), pending: Vec::new() }
+    }
+}
+
+impl<W: Window> Ghosts<W> {
+    /// Remembers an evicted item acquired `count` times.
     #[inline]
-    pub(crate) fn evicted(&mut self, hash: u64, tally: &mut Tally) {
-        self.push(GhostEvent::Evicted(hash), tally);
+    pub(crate) fn evicted(&mut self, hash: u64, count: u32, tally: &mut Tally) {
+        self.hashes.window_mut().noted(hash);
+        self.push(GhostEvent::Evicted(hash, count), tally);
     }
 
     /// Notes an allocation: a re-encode, counted in `tally`, if the item is remembered.
     #[inline]
     pub(crate) fn allocated(&mut self, hash: u64, modality: u8, embeds: u64, tally: &mut Tally) {
         self.push(GhostEvent::Allocated { hash, modality, embeds }, tally);
+    }
+
+    /// Notes an allocation as [`Self::allocated`] does, and returns the count
+    /// the window remembers for the item (0 if none), which it forgets.
+    #[inline]
+    pub(crate) fn allocated_counted(&mut self, hash: u64, modality: u8, embeds: u64, tally: &mut Tally) -> u32 {
+        if !self.hashes.window().may_hold(hash) {
+            self.allocated(hash, modality, embeds, tally);
+            return 0;
+        }
+        self.apply(tally);
+        let Some((count, in_window)) = self.hashes.take_windowed(hash) else { return 0 };
+        tally.reencode(modality, embeds);
+        if in_window {
+            count
+        } else {
+            0
+        }
+    }
+
+    /// The cache now holds `cache_size` embeddings; what was collected is
+    /// applied first, so the window's new bound holds from the next eviction on.
+    pub(crate) fn sized(&mut self, cache_size: u64, tally: &mut Tally) {
+        self.apply(tally);
+        self.hashes.window_mut().sized(cache_size);
     }
 
     #[inline]
@@ -181,12 +224,15 @@ impl Ghosts {
     }
 
     /// Applies what was collected, in order, counting re-encodes in `tally`.
+    /// Kept out of line: it runs once a batch, and inlined it would crowd
+    /// the allocation and eviction paths that call it.
+    #[inline(never)]
     pub(crate) fn apply(&mut self, tally: &mut Tally) {
         let Self { hashes, pending } = self;
         for event in pending.drain(..) {
             match event {
-                GhostEvent::Evicted(hash) => {
-                    hashes.insert(hash, ());
+                GhostEvent::Evicted(hash, count) => {
+                    hashes.insert(hash, count);
                 }
                 GhostEvent::Allocated { hash, modality, embeds } => {
                     if hashes.take(hash).is_some() {
@@ -194,6 +240,9 @@ impl Ghosts {
                     }
                 }
             }
+        }
+        if W::KEEPS {
+            hashes.refresh_window();
         }
     }
 
