@@ -15,7 +15,7 @@ from conftest import make_request, state
 
 import encoder_cache
 from encoder_cache import reference
-from encoder_cache.request import MultiModalFeature, PlaceholderRange
+from encoder_cache.request import MultiModalFeature, PlaceholderRange, Request
 
 
 class CountingFeature:
@@ -494,6 +494,36 @@ def test_records_of_requests_dropped_without_free_do_not_pile_up() -> None:
     del request
     gc.collect()
     assert sum(ref() is not None for ref in early) == 0
+
+
+@pytest.mark.parametrize(
+    "first_sight",
+    [
+        lambda manager, request: manager.check_and_update_cache(request, 0),
+        lambda manager, request: manager.get_cached_input_ids(request),
+        lambda manager, request: manager.try_schedule_encoder_inputs(request, 0, 8, 100),
+    ],
+    ids=["per-call", "get_cached_input_ids", "step-level"],
+)
+def test_a_record_pushed_out_is_dropped_with_the_manager_usable(first_sight) -> None:
+    # Past the records' bound the oldest record goes; when it held the last
+    # reference to its request, that request's finaliser runs then, and must
+    # find the manager usable, whichever call made the new record.
+    manager = encoder_cache.EncoderCacheManager(10)
+    seen: list = []
+
+    class DyingRequest(Request):
+        def __del__(self) -> None:
+            try:
+                seen.append(manager.num_free_slots)
+            except Exception as err:  # the finaliser reports what it met
+                seen.append(err)
+
+    first_sight(manager, DyingRequest("dying", [MultiModalFeature("a", PlaceholderRange(0, 4))]))
+    assert seen == [], "the manager's record keeps the request"
+    for n in range(5000):  # more requests than the records' bound
+        first_sight(manager, make_request(f"r{n}", [f"item{n}"], [4]))
+    assert seen == [10]
 
 
 def test_records_of_requests_still_in_use_survive_others_coming_and_going() -> None:

@@ -422,27 +422,31 @@ pub(crate) fn with_input<'py, R: Answer>(
     };
     let num_items = list.as_ref().map_or(0, PyListMethods::len);
     let reads = CallReads::read(request, input_id, &feature, lacking)?;
-    {
+    // Ok: the call's result; Err: `op` back, the reads not kept.
+    let (ran, displaced) = {
         let mut guard = manager.try_borrow_mut()?;
         let state: &mut ManagerState<EncoderCache> = &mut guard;
         let record = match &reads.request_id {
             Some(id) => Some(state.records.entry(request, id.to_str()?)),
             None => state.records.get_mut(request),
         };
-        match record {
+        let ran = match record {
             Some(record) => {
                 record.reserve_inputs(num_items);
                 record.keep_features(list.as_ref());
                 reads.keep(record, input_id, &feature);
-                match run_recorded(&mut state.cache, record, input_id, &feature, needs, op) {
-                    Ok(out) => return out,
-                    Err((back, _)) => op = back,
-                }
+                run_recorded(&mut state.cache, record, input_id, &feature, needs, op).map_err(|(back, _)| back)
             }
             // No record to keep the reads in: the request id could not be read.
             None if needs.request_id != IdRead::Always => return op(&mut state.cache, &reads.input()?),
-            None => {}
-        }
+            None => Err(op),
+        };
+        (ran, state.records.take_displaced())
+    };
+    drop(displaced); // with the manager not borrowed: the records pushed out may hold the last references
+    match ran {
+        Ok(out) => return out,
+        Err(back) => op = back,
     }
     // The record could not keep it all: a read called back into the manager
     // and changed the records. Read everything for this call alone.

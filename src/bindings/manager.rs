@@ -405,10 +405,15 @@ fn read_cached_num_embeds(
 #[inline(never)]
 fn first_held_ids_set<'py>(manager: &Bound<'py, PyEncoderCacheManager>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PySet>> {
     let id = request_id(request)?; // may run Python code: read with the manager not borrowed
-    let mut guard = manager.try_borrow_mut()?;
-    let state: &mut ManagerState<EncoderCache> = &mut guard;
-    let record = state.records.entry(request, id.to_str()?);
-    held_ids_set(manager.py(), &state.cache, record)
+    let (set, displaced) = {
+        let mut guard = manager.try_borrow_mut()?;
+        let state: &mut ManagerState<EncoderCache> = &mut guard;
+        let record = state.records.entry(request, id.to_str()?);
+        let set = held_ids_set(manager.py(), &state.cache, record);
+        (set, state.records.take_displaced())
+    };
+    drop(displaced); // with the manager not borrowed
+    set
 }
 
 /// `get_cached_input_ids`' answer for the request `record` describes: the

@@ -219,6 +219,10 @@ pub struct Records {
     by_request: HashMap<usize, RequestRecord>,
     /// Record keys, oldest first (some of records gone since).
     age: VecDeque<usize>,
+    /// Records that [`Self::put`] pushed out past [`MAX_RECORDS`], for the
+    /// caller to drop once the manager is no longer borrowed
+    /// ([`Self::take_displaced`]): the objects they hold may run Python code as they go.
+    displaced: Vec<RequestRecord>,
 }
 
 /// The map key: the object's address, which the record's hold on it keeps unique.
@@ -250,7 +254,9 @@ impl Records {
     fn make_room(&mut self) {
         while self.by_request.len() >= MAX_RECORDS {
             let Some(oldest) = self.age.pop_front() else { break };
-            self.by_request.remove(&oldest);
+            if let Some(record) = self.by_request.remove(&oldest) {
+                self.displaced.push(record);
+            }
         }
         if self.age.len() > 2 * MAX_RECORDS {
             let live = &self.by_request;
@@ -283,13 +289,20 @@ impl Records {
         record
     }
 
+    /// The records pushed out since the last call, for the caller to drop
+    /// with the manager not borrowed (usually none: no allocation then).
+    #[inline]
+    pub(crate) fn take_displaced(&mut self) -> Vec<RequestRecord> {
+        std::mem::take(&mut self.displaced)
+    }
+
     pub(crate) fn clear(&mut self) {
         *self = Self::default();
     }
 
     /// The Python objects the records hold, for the garbage collector.
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for record in self.by_request.values() {
+        for record in self.by_request.values().chain(&self.displaced) {
             visit.call(&record.request)?;
             if let Some(answer) = record.held_ids.as_deref() {
                 visit.call(&answer.set)?;

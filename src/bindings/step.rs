@@ -54,9 +54,14 @@ where
     };
     let out = sized_features(&mut record, request).and_then(|features| work(&mut record, &features));
     // A manager still borrowed (a failed re-entrant call) keeps no record: records are only a cache.
-    if let Ok(mut state) = write(manager) {
-        state.records.put(request, record);
-    }
+    let displaced = match write(manager) {
+        Ok(mut state) => {
+            state.records.put(request, record);
+            state.records.take_displaced()
+        }
+        Err(_) => Vec::new(),
+    };
+    drop(displaced); // with the manager not borrowed
     out
 }
 
