@@ -194,8 +194,10 @@ impl EncoderCache {
         }
     }
 
+    /// The look-up by name, once the handle (if any) was found stale.
     #[inline(never)]
     fn cached_num_embeds_by_name(&self, identifier: KeyArg<'_>) -> Option<u64> {
+        let identifier = identifier.at(None);
         with_policy_cache!(self, c => c.cached_num_embeds(identifier))
     }
 

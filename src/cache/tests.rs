@@ -225,3 +225,19 @@ fn an_undrained_log_overflows_into_a_clear_and_the_cached_entries() {
     assert_eq!(names(&step.stored.iter().map(|(k, _, _)| k.clone()).collect::<Vec<_>>()), vec!["i1", "i2", "i3", "i4"]);
     assert!(cache.take_events().unwrap().is_empty(), "the next drain is incremental again");
 }
+
+#[test]
+fn a_stale_handle_finds_its_item_again_by_name() {
+    // The item was evicted and cached again in another slot, its old one
+    // reused: the handle is stale, the name still finds it.
+    let mut cache = EncoderCache::new(8);
+    cache.allocate("r", 0, "a", 4).unwrap();
+    let stale = cache.item_handle("a");
+    cache.free("r");
+    assert!(cache.can_allocate(8, 8, 0), "a is evicted");
+    cache.allocate("s", 0, "b", 4).unwrap();
+    cache.allocate("s", 1, "a", 3).unwrap();
+    assert_eq!(cache.item_handle("b").map(|h| h.index), stale.map(|h| h.index), "b took a's slot");
+    assert_eq!(cache.cached_num_embeds(KeyArg::from("a").at(stale)), Some(3));
+    assert_eq!(cache.cached_num_embeds(KeyArg::from("b").at(stale)), Some(4), "a stale handle never decides the answer");
+}
