@@ -14,7 +14,6 @@ use hashbrown::{HashMap, HashSet};
 use super::entries::{Entry, Referrers};
 use super::errors::CacheError;
 use super::events::EventLog;
-use super::ghosts::Window;
 use super::keys::{Handle, Holding, Key, KeyArg};
 use super::policies::{Entries, EvictionPolicy, Policy};
 use super::requests::{HeldInputs, RequestRefs};
@@ -455,12 +454,7 @@ impl<P: EvictionPolicy> PolicyCache<P> {
         self.holds(request, request_id, input_id, identifier)?;
         let r = request.unwrap_or_else(|| self.requests.insert(RequestRefs::new(request_id.to_key(), request_id.hash())));
         let mut entry = Entry::new(identifier.to_key(), hash, num_embeds, Referrers::One(r), modality);
-        let remembered = if <P::Window as Window>::KEEPS {
-            self.ghosts.allocated_counted(hash, modality, num_embeds, &mut self.tally)
-        } else {
-            self.ghosts.allocated(hash, modality, num_embeds, &mut self.tally);
-            0
-        };
+        let remembered = self.ghosts.allocated_counted(hash, modality, num_embeds, &mut self.tally);
         entry.meta = self.policy.admit(hash, num_embeds, remembered);
         let e = self.entries.insert(entry);
         Self::add_occurrence(self.requests.get_mut(r), input_id, e, true);

@@ -89,6 +89,20 @@ impl Seen {
         self.words[word] |= bit;
         self.added += 1;
     }
+
+    /// Whether it took twice `bound`'s items since its last rebuild.
+    #[inline]
+    fn is_stale(&self, bound: usize) -> bool {
+        self.added > 2 * bound
+    }
+
+    /// Empties it, sized for `bound`, and adds `remembered`: every item still remembered.
+    fn rebuild(&mut self, bound: usize, remembered: impl Iterator<Item = u64>) {
+        self.reset(bound);
+        for hash in remembered {
+            self.add(hash);
+        }
+    }
 }
 
 /// The frequency memory of `lfu-ghost` and `duel`, as a [`Window`] on the
@@ -116,8 +130,6 @@ impl Default for FrequencyWindow {
 }
 
 impl Window for FrequencyWindow {
-    const KEEPS: bool = true;
-
     #[inline]
     fn pushed(&mut self) {
         self.live += 1;
@@ -175,13 +187,9 @@ impl Window for FrequencyWindow {
     /// Rebuilds the filter from the window's items once it took twice the
     /// bound's items since its last rebuild.
     fn refresh<V>(&mut self, order: &VecDeque<Place<V>>, first: Stamp) {
-        if self.seen.added <= 2 * self.bound {
-            return;
-        }
-        self.seen.reset(self.bound);
-        let from = self.first.saturating_sub(first) as usize;
-        for place in order.iter().skip(from).filter(|place| place.live) {
-            self.seen.add(place.hash);
+        if self.seen.is_stale(self.bound) {
+            let from = self.first.saturating_sub(first) as usize;
+            self.seen.rebuild(self.bound, order.iter().skip(from).filter(|place| place.live).map(|place| place.hash));
         }
     }
 
@@ -218,11 +226,8 @@ impl FrequencyMemory {
     pub fn insert(&mut self, hash: u64, count: u32) {
         self.counts.insert(hash, count);
         while self.counts.len() > self.bound && self.counts.pop_oldest().is_some() {}
-        if self.seen.added > 2 * self.bound {
-            self.seen.reset(self.bound);
-            for remembered in self.counts.hashes() {
-                self.seen.add(remembered);
-            }
+        if self.seen.is_stale(self.bound) {
+            self.seen.rebuild(self.bound, self.counts.hashes());
         } else {
             self.seen.add(hash);
         }

@@ -92,9 +92,6 @@ pub struct Place<V> {
 /// ([`FrequencyWindow`](super::frequency_memory::FrequencyWindow)). The map
 /// tells it of every place that comes or goes; each method of `()` is empty.
 pub trait Window: Clone + Default + std::fmt::Debug {
-    /// Whether the window holds anything at all (false for `()`).
-    const KEEPS: bool;
-
     /// A live place was pushed, the newest.
     #[inline]
     fn pushed(&mut self) {}
@@ -153,9 +150,7 @@ pub trait Window: Clone + Default + std::fmt::Debug {
     }
 }
 
-impl Window for () {
-    const KEEPS: bool = false;
-}
+impl Window for () {}
 
 /// Evicted items by hash, each with a value, oldest first; at most `BOUND`
 /// of them (past it, the oldest is forgotten).
@@ -233,9 +228,7 @@ impl<V: Copy, const BOUND: usize, W: Window> GhostMap<V, BOUND, W> {
         self.order.push_back(Place { hash, value, live: true });
         self.window.pushed();
         let inserted = self.made_room(had);
-        if W::KEEPS {
-            self.window.trim(&self.order, self.first);
-        }
+        self.window.trim(&self.order, self.first);
         inserted
     }
 

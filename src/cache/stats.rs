@@ -192,6 +192,8 @@ impl<W: Window> Ghosts<W> {
 
     /// Notes an allocation as [`Self::allocated`] does, and returns the count
     /// the window remembers for the item (0 if none), which it forgets.
+    /// Without a window (`()`, whose filter rules out every item) this is
+    /// [`Self::allocated`] and 0.
     #[inline]
     pub(crate) fn allocated_counted(&mut self, hash: u64, modality: u8, embeds: u64, tally: &mut Tally) -> u32 {
         if !self.hashes.window().may_hold(hash) {
@@ -241,9 +243,7 @@ impl<W: Window> Ghosts<W> {
                 }
             }
         }
-        if W::KEEPS {
-            hashes.refresh_window();
-        }
+        hashes.refresh_window();
     }
 
     /// Whether `hash` is remembered now (what was collected applied first, counted in `tally`).
