@@ -45,6 +45,20 @@ class CountingRequest:
         return self.mm_features[input_id].mm_position.get_num_embeds()
 
 
+def dying(base: type, manager, seen: list) -> type:
+    """A subclass of ``base`` whose finaliser reads ``manager.num_free_slots``
+    into ``seen``, or the exception that read raised."""
+
+    class Dying(base):
+        def __del__(self) -> None:
+            try:
+                seen.append(manager.num_free_slots)
+            except Exception as err:  # the finaliser reports what it met
+                seen.append(err)
+
+    return Dying
+
+
 def schedule_one(manager, request, input_id: int) -> bool:
     """What vLLM's scheduler does for one item: a hit, or room and an allocation."""
     if manager.check_and_update_cache(request, input_id):
@@ -184,15 +198,7 @@ def test_reset_drops_what_it_kept_with_the_manager_usable() -> None:
     # record goes then, and its finaliser must find the manager usable.
     manager = encoder_cache.EncoderCacheManager(100)
     seen: list = []
-
-    class DyingRequest(CountingRequest):
-        def __del__(self) -> None:
-            try:
-                seen.append(manager.num_free_slots)
-            except Exception as err:  # the finaliser reports what it met
-                seen.append(err)
-
-    request = DyingRequest("r", [CountingFeature("a", 0, 4)])
+    request = dying(CountingRequest, manager, seen)("r", [CountingFeature("a", 0, 4)])
     assert not schedule_one(manager, request, 0)
     del request
     assert seen == [], "the manager's record keeps the request"
@@ -511,15 +517,7 @@ def test_a_record_pushed_out_is_dropped_with_the_manager_usable(first_sight) -> 
     # find the manager usable, whichever call made the new record.
     manager = encoder_cache.EncoderCacheManager(10)
     seen: list = []
-
-    class DyingRequest(Request):
-        def __del__(self) -> None:
-            try:
-                seen.append(manager.num_free_slots)
-            except Exception as err:  # the finaliser reports what it met
-                seen.append(err)
-
-    first_sight(manager, DyingRequest("dying", [MultiModalFeature("a", PlaceholderRange(0, 4))]))
+    first_sight(manager, dying(Request, manager, seen)("dying", [MultiModalFeature("a", PlaceholderRange(0, 4))]))
     assert seen == [], "the manager's record keeps the request"
     for n in range(5000):  # more requests than the records' bound
         first_sight(manager, make_request(f"r{n}", [f"item{n}"], [4]))
