@@ -129,6 +129,16 @@ impl Default for FrequencyWindow {
     }
 }
 
+impl FrequencyWindow {
+    /// The offset of the window's oldest stamp in the ghosts' queue, whose
+    /// front is stamped `first`. Stamps below the front are forgotten: they
+    /// count as the front.
+    #[inline]
+    fn offset_in(&self, first: Stamp) -> usize {
+        self.first.saturating_sub(first) as usize
+    }
+}
+
 impl Window for FrequencyWindow {
     #[inline]
     fn pushed(&mut self) {
@@ -150,8 +160,7 @@ impl Window for FrequencyWindow {
     #[inline]
     fn trim<V>(&mut self, order: &VecDeque<Place<V>>, first: Stamp) {
         while self.live > self.bound {
-            // Stamps below the queue's front are forgotten: they count as the front.
-            let mut at = self.first.saturating_sub(first) as usize;
+            let mut at = self.offset_in(first);
             while order.get(at).is_some_and(|place| !place.live) {
                 at += 1;
             }
@@ -170,8 +179,7 @@ impl Window for FrequencyWindow {
 
     #[inline]
     fn renumbered(&mut self, first: Stamp, new_stamps: &[Stamp], kept: Stamp) {
-        let offset = self.first.saturating_sub(first) as usize;
-        self.first = new_stamps.get(offset).copied().unwrap_or(kept);
+        self.first = new_stamps.get(self.offset_in(first)).copied().unwrap_or(kept);
     }
 
     #[inline]
@@ -188,7 +196,7 @@ impl Window for FrequencyWindow {
     /// bound's items since its last rebuild.
     fn refresh<V>(&mut self, order: &VecDeque<Place<V>>, first: Stamp) {
         if self.seen.is_stale(self.bound) {
-            let from = self.first.saturating_sub(first) as usize;
+            let from = self.offset_in(first);
             self.seen.rebuild(self.bound, order.iter().skip(from).filter(|place| place.live).map(|place| place.hash));
         }
     }
