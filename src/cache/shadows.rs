@@ -14,11 +14,12 @@
 //! through one map, so an acquisition looks its item up once and everything
 //! after that goes by slot. The counts of items the LFU shadow evicted live
 //! apart, in a [`FrequencyMemory`] like `lfu-ghost`'s, so the slab and the
-//! map stay about as small as the two shadows and near the processor. The LRU shadow is a list linked through the nodes
-//! (O(1) to move or unlink); the LFU one keeps its order as two rising runs
-//! and a heap of places naming slots, whose stale places (the item moved, left,
-//! or its slot was reused: every place carries a sequence number no other
-//! place has) are skipped. The Python twin (`encoder_cache.reference.shadows`)
+//! map stay about as small as the two shadows and near the processor. The
+//! LRU shadow is a list linked through the nodes (O(1) to move or unlink);
+//! the LFU one keeps its order as two rising runs and a heap of places
+//! naming slots, whose stale places (the item moved, left, or its slot was
+//! reused: every place carries a sequence number no other place has) are
+//! skipped. The Python twin (`encoder_cache.reference.shadows`)
 //! keeps the same two caches apart, by identifier, and decides the same.
 
 use std::cmp::Reverse;
