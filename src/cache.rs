@@ -54,7 +54,7 @@ pub use duel::Duel;
 pub use entries::Entry;
 pub use errors::CacheError;
 pub use events::{StepEvents, DEFAULT_MAX_PENDING};
-pub use frequency_memory::{frequency_memory_bound, FrequencyMemory, FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS, FREQUENCY_MEMORY_MAX};
+pub use frequency_memory::{frequency_memory_bound, FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS, FREQUENCY_MEMORY_MAX};
 pub use keys::{hash_key, Handle, Holding, Key, KeyArg};
 pub use policies::{EvictionPolicy, Gdsf, GdsfMeta, GhostLfu, Policy, S3Fifo, S3FifoMeta, Vllm, GDSF_COST_SCALE, S3FIFO_MAX_CREDIT};
 pub use requests::HeldInputs;

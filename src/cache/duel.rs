@@ -139,8 +139,8 @@ impl EvictionPolicy for Duel {
 
     #[inline]
     fn on_hit(&mut self, meta: &mut GdsfMeta, hash: u64, num_embeds: u64) {
-        self.shadows.acquire(hash, num_embeds);
         self.lfu.on_hit(meta, hash, num_embeds);
+        self.shadows.acquire(hash, num_embeds, GhostLfu::frequency(meta));
     }
 
     #[allow(private_interfaces)]
@@ -213,7 +213,8 @@ impl EvictionPolicy for Duel {
 
     #[inline]
     fn admit(&mut self, hash: u64, num_embeds: u64, remembered: u32) -> GdsfMeta {
-        self.shadows.acquire(hash, num_embeds);
-        self.lfu.admit(hash, num_embeds, remembered)
+        let meta = self.lfu.admit(hash, num_embeds, remembered);
+        self.shadows.acquire(hash, num_embeds, GhostLfu::frequency(&meta));
+        meta
     }
 }

@@ -1,30 +1,31 @@
-//! [`FrequencyMemory`]: what a policy remembers of the items it evicted, so an
-//! item's count of acquisitions survives its eviction.
+//! What `lfu-ghost` and `duel` remember of the items they evicted, so an
+//! item's count of acquisitions survives its eviction: the counts of the
+//! items evicted last, forgetting the one evicted longest ago past a bound.
+//! The bound grows with the cache ([`frequency_memory_bound`]): a cache of
+//! many small items evicts many items between two uses of a popular one,
+//! and a small cache has no need of a memory that no longer fits beside it
+//! in the processor's caches. An item allocated again takes its count back
+//! (and leaves the memory).
 //!
-//! A bounded map from an evicted item's hash to its count, forgetting the
-//! item evicted longest ago once it holds more than its bound. The bound
-//! grows with the cache ([`frequency_memory_bound`]): a cache of many small
-//! items evicts many items between two uses of a popular one, and a small
-//! cache has no need of a memory that no longer fits beside it in the
-//! processor's caches. An item allocated again takes its count back (and
-//! leaves the memory). A small filter of hash bits answers most allocations
-//! of items the memory does not hold without looking in the map. The Python
-//! twin keeps the same memory by identifier in eviction order, with the same
-//! bound.
+//! The memory is a [`FrequencyWindow`] on the ghosts that recognise
+//! re-encodes, not a map of its own, and a small filter of hash bits
+//! answers most allocations of items it does not hold without looking in
+//! the ghosts' map. The Python twin keeps the same memory by identifier in
+//! eviction order, with the same bound.
 
 use std::collections::VecDeque;
 
-use super::ghosts::{GhostMap, Place, Stamp, Window};
+use super::ghosts::{Place, Stamp, Window};
 
-/// The fewest evicted items a [`FrequencyMemory`] remembers: its bound for
+/// The fewest evicted items the frequency memory remembers: its bound for
 /// caches of up to `FREQUENCY_MEMORY * FREQUENCY_MEMORY_EMBEDS` embeddings.
 pub const FREQUENCY_MEMORY: usize = 2048;
 
-/// Past the least bound, a [`FrequencyMemory`] remembers one evicted item per
+/// Past the least bound, the frequency memory remembers one evicted item per
 /// this many embeddings the cache holds.
 pub const FREQUENCY_MEMORY_EMBEDS: u64 = 64;
 
-/// The most evicted items a [`FrequencyMemory`] remembers, however large the cache.
+/// The most evicted items the frequency memory remembers, however large the cache.
 pub const FREQUENCY_MEMORY_MAX: usize = 1 << 16;
 
 /// How many evicted items a cache of `cache_size` embeddings remembers the
@@ -109,8 +110,8 @@ impl Seen {
 /// ghosts that recognise re-encodes (`stats`): those see every eviction and
 /// every allocation, in order, as a memory of the policy's own would, and
 /// keep each item's count. So the newest of their remembered items, up to
-/// the bound a [`FrequencyMemory`] would have, are the items it would
-/// remember, with the same counts, and the policy keeps no map of its own.
+/// the bound, are the items a bounded map of evicted counts would remember,
+/// with the same counts, and the policy keeps no map of its own.
 #[derive(Debug, Clone)]
 pub struct FrequencyWindow {
     /// The ghosts' live places stamped at or after this are in the window.
@@ -206,141 +207,26 @@ impl Window for FrequencyWindow {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct FrequencyMemory {
-    /// Evicted items' counts by hash, oldest eviction first.
-    counts: GhostMap<u32, FREQUENCY_MEMORY_MAX>,
-    /// How many it remembers (see [`frequency_memory_bound`]).
-    bound: usize,
-    /// Every item in `counts`, and some no longer there.
-    seen: Seen,
-}
-
-impl Default for FrequencyMemory {
-    fn default() -> Self {
-        Self { counts: GhostMap::default(), bound: FREQUENCY_MEMORY, seen: Seen::for_bound(FREQUENCY_MEMORY) }
-    }
-}
-
-impl FrequencyMemory {
-    /// The cache now holds `cache_size` embeddings: the bound follows from
-    /// the next eviction on.
-    pub fn sized(&mut self, cache_size: u64) {
-        self.bound = frequency_memory_bound(cache_size);
-    }
-
-    /// Remember that the item `hash` was acquired `count` times before its
-    /// eviction, forgetting the oldest evictions past the bound.
-    pub fn insert(&mut self, hash: u64, count: u32) {
-        self.counts.insert(hash, count);
-        while self.counts.len() > self.bound && self.counts.pop_oldest().is_some() {}
-        if self.seen.is_stale(self.bound) {
-            self.seen.rebuild(self.bound, self.counts.hashes());
-        } else {
-            self.seen.add(hash);
-        }
-    }
-
-    /// How many evicted items it remembers.
-    #[cfg(test)]
-    pub(crate) fn remembered(&self) -> usize {
-        self.counts.len()
-    }
-
-    /// The count remembered for `hash` (0 if none), which is forgotten.
-    #[inline]
-    pub fn take(&mut self, hash: u64) -> u32 {
-        if !self.seen.may_contain(hash) {
-            return 0;
-        }
-        self.counts.take(hash).unwrap_or(0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::ghosts::GhostMap;
     use super::super::stats::{Ghosts, Tally};
-    use super::{
-        frequency_memory_bound, FrequencyMemory, FrequencyWindow, FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS, FREQUENCY_MEMORY_MAX,
-    };
+    use super::{frequency_memory_bound, FrequencyWindow, FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS, FREQUENCY_MEMORY_MAX};
     use crate::test_rng::Rng;
-
-    #[test]
-    fn a_count_is_taken_back_once() {
-        let mut memory = FrequencyMemory::default();
-        memory.insert(7, 5);
-        assert_eq!(memory.take(7), 5);
-        assert_eq!(memory.take(7), 0);
-    }
-
-    #[test]
-    fn the_oldest_eviction_is_forgotten_first() {
-        let mut memory = FrequencyMemory::default();
-        for hash in 0..=FREQUENCY_MEMORY as u64 {
-            memory.insert(hash, 2);
-        }
-        assert_eq!(memory.take(0), 0, "one over the bound: the first is forgotten");
-        assert_eq!(memory.take(1), 2);
-        assert_eq!(memory.take(FREQUENCY_MEMORY as u64), 2);
-    }
-
-    #[test]
-    fn an_item_taken_back_and_evicted_again_counts_from_its_new_place() {
-        let mut memory = FrequencyMemory::default();
-        memory.insert(1, 3);
-        memory.insert(2, 1);
-        assert_eq!(memory.take(1), 3);
-        memory.insert(1, 4); // now evicted after 2
-        for hash in 3..=FREQUENCY_MEMORY as u64 + 1 {
-            memory.insert(hash, 1);
-        }
-        assert_eq!(memory.take(2), 0, "the oldest live place goes");
-        assert_eq!(memory.take(1), 4, "its stale first place did not count");
-    }
-
-    #[test]
-    fn the_filter_never_hides_a_remembered_count() {
-        // The same insertions and takes on the memory and on a bare map with
-        // its bound: every take answers the same, across the filter's
-        // rebuilds and a change of bound.
-        let mut memory = FrequencyMemory::default();
-        let mut bare = GhostMap::<u32, FREQUENCY_MEMORY_MAX>::default();
-        let mut bound = FREQUENCY_MEMORY;
-        let mut rng = Rng(1);
-        let mut remembered = 0;
-        for step in 0..300_000u32 {
-            // Well-mixed hashes of 6,000 items.
-            let hash = (rng.below(6_000) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
-            if step == 150_000 {
-                bound = FREQUENCY_MEMORY + 1_000;
-                memory.sized(bound as u64 * FREQUENCY_MEMORY_EMBEDS);
-            }
-            if rng.below(4) == 0 {
-                let count = bare.take(hash).unwrap_or(0);
-                remembered += usize::from(count > 0);
-                assert_eq!(memory.take(hash), count, "take at step {step}");
-            } else {
-                bare.insert(hash, step);
-                while bare.len() > bound && bare.pop_oldest().is_some() {}
-                memory.insert(hash, step);
-            }
-        }
-        assert!(remembered > 10_000, "the takes found counts: {remembered}");
-    }
 
     #[test]
     fn the_window_on_the_ghosts_remembers_what_a_memory_of_its_own_would() {
         // One cache's evictions and allocations, given to ghosts with a
-        // frequency window, to a memory of its own and to plain ghosts:
-        // every allocation gets the count the memory gives, and the window's
+        // frequency window, to a bare bounded map of evicted counts and to
+        // plain ghosts: every allocation gets the count the map gives (the
+        // bound applied at each eviction), and the window's
         // ghosts count the re-encodes the plain ones count. Across changes
         // of the bound (up to the ghosts' own), the filter's rebuilds, the
         // ghosts forgetting past their bound and their compactions.
         let mut tally = Tally::default();
         let mut windowed = Ghosts::<FrequencyWindow>::default();
         let (mut plain, mut plain_tally) = (Ghosts::<()>::default(), Tally::default());
-        let mut memory = FrequencyMemory::default();
+        let (mut memory, mut bound) = (GhostMap::<u32, FREQUENCY_MEMORY_MAX>::default(), FREQUENCY_MEMORY);
         let mut cached: Vec<u64> = Vec::new();
         let mut rng = Rng(7);
         let (mut resumed, mut allocations) = (0, 0);
@@ -360,7 +246,7 @@ mod tests {
                 let cache_size;
                 (cache_size, items) = phases[step / 100_000];
                 windowed.sized(cache_size, &mut tally);
-                memory.sized(cache_size);
+                bound = frequency_memory_bound(cache_size);
             }
             let hash = (rng.below(items) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
             if cached.len() < 64 || rng.below(2) == 0 {
@@ -371,7 +257,7 @@ mod tests {
                 allocations += 1;
                 let count = windowed.allocated_counted(hash, 1, 8, &mut tally);
                 plain.allocated(hash, 1, 8, &mut plain_tally);
-                assert_eq!(count, memory.take(hash), "allocation at step {step}");
+                assert_eq!(count, memory.take(hash).unwrap_or(0), "allocation at step {step}");
                 resumed += usize::from(count > 0);
             } else {
                 let hash = cached.swap_remove(rng.below(cached.len()));
@@ -379,6 +265,7 @@ mod tests {
                 windowed.evicted(hash, count, &mut tally);
                 plain.evicted(hash, count, &mut plain_tally);
                 memory.insert(hash, count);
+                while memory.len() > bound && memory.pop_oldest().is_some() {}
             }
         }
         windowed.apply(&mut tally);
@@ -398,21 +285,5 @@ mod tests {
         assert_eq!(frequency_memory_bound(least + FREQUENCY_MEMORY_EMBEDS - 1), FREQUENCY_MEMORY);
         assert_eq!(frequency_memory_bound(least + FREQUENCY_MEMORY_EMBEDS), FREQUENCY_MEMORY + 1);
         assert_eq!(frequency_memory_bound(u64::MAX), FREQUENCY_MEMORY_MAX);
-    }
-
-    #[test]
-    fn a_larger_cache_remembers_more_and_a_shrunk_one_forgets_at_its_next_eviction() {
-        let bound = FREQUENCY_MEMORY + 100;
-        let mut memory = FrequencyMemory::default();
-        memory.sized(bound as u64 * FREQUENCY_MEMORY_EMBEDS);
-        for hash in 0..bound as u64 {
-            memory.insert(hash, 2);
-        }
-        assert_eq!(memory.take(0), 2, "within the larger bound");
-        memory.sized(0);
-        assert_eq!(memory.take(1), 2, "nothing is forgotten before the next eviction");
-        memory.insert(bound as u64, 2);
-        assert_eq!(memory.take(bound as u64 - FREQUENCY_MEMORY as u64), 0, "past the least bound");
-        assert_eq!(memory.take(bound as u64 - FREQUENCY_MEMORY as u64 + 1), 2);
     }
 }

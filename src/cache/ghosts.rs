@@ -195,7 +195,7 @@ pub(crate) enum Inserted<V> {
 
 impl<V: Copy, const BOUND: usize, W: Window> GhostMap<V, BOUND, W> {
     /// How many items are remembered.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.live
     }
@@ -251,11 +251,6 @@ impl<V: Copy, const BOUND: usize, W: Window> GhostMap<V, BOUND, W> {
             }
         }
         Inserted::New
-    }
-
-    /// The remembered items' hashes, oldest first.
-    pub(crate) fn hashes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.order.iter().filter(|place| place.live).map(|place| place.hash)
     }
 
     /// Whether `hash` is remembered.

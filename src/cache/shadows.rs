@@ -1,32 +1,34 @@
 //! [`Shadows`]: two caches that hold no data, only item hashes and sizes,
 //! fed every acquisition the real cache sees, each evicting by its own rule:
 //! vLLM's (least recently used) and `lfu-ghost`'s (least frequently used,
-//! weighted by cost per size, with counts that survive eviction). Each counts
-//! the embeddings it would have had to encode; the `duel` policy evicts in
-//! the order of whichever counted fewer lately.
+//! weighted by cost per size). Each counts the embeddings it would have had
+//! to encode; the `duel` policy evicts in the order of whichever counted
+//! fewer lately.
 //!
 //! A shadow cache sees every item acquired once per (request, input), as the
 //! real cache counts hits and misses, but holds no references: an item is
 //! never pinned there. The counts are halved every [`SHADOW_HALF_LIFE`]
 //! acquisitions, so the recent traffic decides.
 //!
+//! The LFU shadow ranks an item by the count `lfu-ghost`'s bookkeeping in
+//! the real cache gives it at its latest acquisition: acquisitions counted
+//! while the item is cached, and resumed from the real cache's frequency
+//! memory after an eviction. It keeps no counts or memory of its own.
+//!
 //! Both shadows keep the items they hold in one slab of nodes, found by hash
 //! through one map, so an acquisition looks its item up once and everything
-//! after that goes by slot. The counts of items the LFU shadow evicted live
-//! apart, in a [`FrequencyMemory`] like `lfu-ghost`'s, so the slab and the
-//! map stay about as small as the two shadows and near the processor. The
-//! LRU shadow is a list linked through the nodes (O(1) to move or unlink);
-//! the LFU one keeps its order as two rising runs and a heap of places
-//! naming slots, whose stale places (the item moved, left, or its slot was
-//! reused: every place carries a sequence number no other place has) are
-//! skipped. The Python twin (`encoder_cache.reference.shadows`)
-//! keeps the same two caches apart, by identifier, and decides the same.
+//! after that goes by slot. The LRU shadow is a list linked through the
+//! nodes (O(1) to move or unlink); the LFU one keeps its order as two rising
+//! runs and a heap of places naming slots, whose stale places (the item
+//! moved, left, or its slot was reused: every place carries a sequence
+//! number no other place has) are skipped. The Python twin
+//! (`encoder_cache.reference.shadows`) keeps the same two caches apart, by
+//! identifier, and decides the same.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use super::entries::NIL;
-use super::frequency_memory::FrequencyMemory;
 use super::ghosts::{stale_outnumber_live, HashKeyed};
 use super::lanes::{rank_of, run_to_join};
 use super::policies::Policy;
@@ -51,8 +53,6 @@ struct Node {
     in_lru: bool,
     /// Held by the LFU shadow.
     held: bool,
-    /// The LFU shadow's count of it, while held there.
-    count: u32,
     /// Its size as the LRU shadow last saw it.
     lru_embeds: u64,
     /// Its size as the LFU shadow admitted it.
@@ -63,7 +63,7 @@ struct Node {
 
 impl Node {
     fn new(hash: u64) -> Self {
-        Self { hash, lru_links: [NIL, NIL], in_lru: false, held: false, count: 0, lru_embeds: 0, num_embeds: 0, place: 0 }
+        Self { hash, lru_links: [NIL, NIL], in_lru: false, held: false, lru_embeds: 0, num_embeds: 0, place: 0 }
     }
 }
 
@@ -157,9 +157,6 @@ pub(crate) struct Shadows {
     /// The LFU shadow's order; a place is live while its item is held there with that sequence.
     places: Places,
     held: usize,
-    /// The counts of items the LFU shadow evicted, as many as `lfu-ghost`
-    /// remembers in a cache of `capacity` embeddings.
-    memory: FrequencyMemory,
     lfu_used: u64,
     /// Embeddings each would have encoded (LRU, LFU), halved every [`SHADOW_HALF_LIFE`] acquisitions.
     encoded: [u64; 2],
@@ -179,7 +176,6 @@ impl Default for Shadows {
             lru_used: 0,
             places: Places::default(),
             held: 0,
-            memory: FrequencyMemory::default(),
             lfu_used: 0,
             encoded: [0, 0],
             acquisitions: 0,
@@ -188,19 +184,17 @@ impl Default for Shadows {
 }
 
 impl Shadows {
-    /// Both shadows now hold up to `capacity` embeddings (from their next
-    /// miss on), and the LFU one remembers as many evicted items as
-    /// `lfu-ghost` does in a cache of that size (from its next eviction on).
+    /// Both shadows now hold up to `capacity` embeddings (from their next miss on).
     pub(crate) fn resize(&mut self, capacity: u64) {
         self.capacity = capacity;
-        self.memory.sized(capacity);
     }
 
-    /// The item `hash` of `num_embeds` was acquired (a hit or an allocation).
-    pub(crate) fn acquire(&mut self, hash: u64, num_embeds: u64) {
+    /// The item `hash` of `num_embeds` was acquired (a hit or an allocation),
+    /// and `lfu-ghost` now counts it `count` times.
+    pub(crate) fn acquire(&mut self, hash: u64, num_embeds: u64, count: u32) {
         let slot = self.slot_of(hash);
         self.acquire_lru(slot, num_embeds);
-        self.acquire_lfu(slot, num_embeds);
+        self.acquire_lfu(slot, num_embeds, count);
         self.acquisitions += 1;
         if self.acquisitions == SHADOW_HALF_LIFE {
             self.acquisitions = 0;
@@ -245,23 +239,21 @@ impl Shadows {
         }
     }
 
-    /// The LFU shadow's part: a hit counts and moves the item's place; a
-    /// miss admits it (resuming a remembered count) and evicts the lowest.
+    /// The LFU shadow's part: the item is placed by `count` (moved on a hit;
+    /// on a miss admitted, the lowest evicted to make room).
     #[inline]
-    fn acquire_lfu(&mut self, slot: u32, num_embeds: u64) {
+    fn acquire_lfu(&mut self, slot: u32, num_embeds: u64, count: u32) {
         self.sequence += 1;
         let now = self.sequence;
         let node = &mut self.nodes[slot as usize];
         let frequency_hit = node.held;
         let lfu_placed = node.place;
         if !frequency_hit {
-            node.count = self.memory.take(node.hash);
             node.held = true;
             node.num_embeds = num_embeds;
         }
-        node.count = node.count.saturating_add(1);
         node.place = now;
-        let placed = (rank(node.count, node.num_embeds), now, slot);
+        let placed = (rank(count, node.num_embeds), now, slot);
         if frequency_hit {
             self.places.replace(lfu_placed, slot, placed);
             self.compact_places_if_stale();
@@ -337,18 +329,16 @@ impl Shadows {
         }
     }
 
-    /// Evicts `victim` from the LFU shadow if `place` is its live place,
-    /// remembering its count.
+    /// Evicts `victim` from the LFU shadow if `place` is its live place.
     fn evict_lfu(&mut self, victim: u32, place: u64) {
         let node = &mut self.nodes[victim as usize];
         if !node.held || node.place != place {
             return;
         }
         node.held = false;
-        let (hash, count, in_lru) = (node.hash, node.count, node.in_lru);
+        let in_lru = node.in_lru;
         self.lfu_used -= node.num_embeds;
         self.held -= 1;
-        self.memory.insert(hash, count);
         if !in_lru {
             self.release(victim);
         }
@@ -377,7 +367,8 @@ impl Shadows {
 
 #[cfg(test)]
 mod tests {
-    use super::super::frequency_memory::{FREQUENCY_MEMORY, FREQUENCY_MEMORY_EMBEDS};
+    use std::collections::HashMap;
+
     use super::{Places, Shadows};
 
     #[test]
@@ -400,28 +391,52 @@ mod tests {
         assert_eq!(popped, pushed);
     }
 
+    /// Feeds `shadows` as `duel` does, with each item's count of acquisitions
+    /// (none forgotten: the test's items stay within a frequency memory).
+    fn acquire(shadows: &mut Shadows, counts: &mut HashMap<u64, u32>, hash: u64, num_embeds: u64) {
+        let count = counts.entry(hash).or_default();
+        *count += 1;
+        shadows.acquire(hash, num_embeds, *count);
+    }
+
     #[test]
     fn a_scan_favours_lfu_and_a_moving_working_set_favours_lru() {
         // One hot item acquired between one-off items: LRU keeps losing it, LFU keeps it.
-        let mut shadows = Shadows::default();
+        let (mut shadows, mut counts) = (Shadows::default(), HashMap::new());
         shadows.resize(20);
         for k in 0..200 {
-            shadows.acquire(1, 10);
-            shadows.acquire(1000 + k, 10);
-            shadows.acquire(5000 + k, 10);
+            acquire(&mut shadows, &mut counts, 1, 10);
+            acquire(&mut shadows, &mut counts, 1000 + k, 10);
+            acquire(&mut shadows, &mut counts, 5000 + k, 10);
         }
         assert!(shadows.lfu_leads(), "{:?}", shadows.encoded());
 
         // Items used a few times in a row, then never again: LFU holds on to the old counts.
-        let mut shadows = Shadows::default();
+        let (mut shadows, mut counts) = (Shadows::default(), HashMap::new());
         shadows.resize(30);
         for k in 0..200u64 {
             for _ in 0..3 {
-                shadows.acquire(k, 10);
-                shadows.acquire(k + 1, 10);
+                acquire(&mut shadows, &mut counts, k, 10);
+                acquire(&mut shadows, &mut counts, k + 1, 10);
             }
         }
         assert!(!shadows.lfu_leads(), "{:?}", shadows.encoded());
+    }
+
+    #[test]
+    fn the_lfu_shadow_ranks_by_the_count_it_is_given() {
+        // Room for two: the third item pushes out the lowest count in the
+        // LFU shadow (item 2) and the oldest in the LRU one (item 1).
+        let mut shadows = Shadows::default();
+        shadows.resize(20);
+        shadows.acquire(1, 10, 5);
+        shadows.acquire(2, 10, 1);
+        shadows.acquire(3, 10, 1);
+        shadows.acquire(1, 10, 6);
+        assert_eq!(shadows.encoded(), [40, 30], "item 1 is a hit only in the LFU shadow");
+        assert!(shadows.lfu_leads());
+        shadows.acquire(2, 10, 2);
+        assert_eq!(shadows.encoded(), [50, 40], "item 2: a miss in both");
     }
 
     #[test]
@@ -439,31 +454,11 @@ mod tests {
     }
 
     #[test]
-    fn the_lfu_shadow_remembers_as_many_evicted_items_as_lfu_ghost_would() {
-        let mut shadows = Shadows::default();
-        shadows.resize(640);
-        for k in 0..4 * FREQUENCY_MEMORY as u64 {
-            shadows.acquire(k, 64);
-        }
-        assert_eq!(shadows.memory.remembered(), FREQUENCY_MEMORY, "a small cache: the least bound");
-        let large = 3000 * FREQUENCY_MEMORY_EMBEDS;
-        shadows.resize(large);
-        assert_eq!(shadows.memory.remembered(), FREQUENCY_MEMORY, "nothing changes before the next eviction");
-        for k in 0..8000 {
-            shadows.acquire(1_000_000 + k, 64);
-        }
-        assert_eq!(shadows.memory.remembered(), 3000, "one per {FREQUENCY_MEMORY_EMBEDS} embeddings");
-        shadows.resize(640);
-        shadows.acquire(2_000_000, 64);
-        assert_eq!(shadows.memory.remembered(), FREQUENCY_MEMORY, "shrunk at its next eviction");
-    }
-
-    #[test]
     fn counts_are_halved_so_recent_traffic_decides() {
         let mut shadows = Shadows::default();
         shadows.resize(10);
         for k in 0..u64::from(super::SHADOW_HALF_LIFE) {
-            shadows.acquire(k, 10);
+            shadows.acquire(k, 10, 1);
         }
         assert_eq!(shadows.encoded(), [u64::from(super::SHADOW_HALF_LIFE) * 10 / 2; 2]);
     }

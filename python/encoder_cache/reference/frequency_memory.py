@@ -1,5 +1,4 @@
-"""What ``lfu-ghost``, and ``duel``'s LFU shadow, remember of the items they
-evicted: each one's count of acquisitions, so an item allocated again resumes
+"""What ``lfu-ghost`` and ``duel`` remember of the items they evicted: each one's count of acquisitions, so an item allocated again resumes
 it. The twin of the Rust core's ``src/cache/frequency_memory.rs``: the same
 bound, the same items forgotten, by identifier where Rust keeps 64-bit hashes.
 """

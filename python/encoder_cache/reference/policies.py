@@ -499,12 +499,12 @@ class DuelPolicy(GhostLfuPolicy):
         self.shadows.resize(cache_size)
 
     def admitted(self, identifier: str, num_embeds: int) -> None:
-        self.shadows.acquire(identifier, num_embeds)
         super().admitted(identifier, num_embeds)
+        self.shadows.acquire(identifier, num_embeds, self.frequency[identifier])
 
     def accessed(self, identifier: str) -> None:
-        self.shadows.acquire(identifier, self.sizes[identifier])
         super().accessed(identifier)
+        self.shadows.acquire(identifier, self.sizes[identifier], self.frequency[identifier])
 
     def victim(self, tier: int) -> str:
         if self.shadows.lfu_leads():

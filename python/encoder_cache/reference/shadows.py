@@ -1,8 +1,9 @@
 """Two shadow caches for the ``duel`` policy: item identifiers and sizes
 only, fed every acquisition the real cache sees, one evicting by vLLM's rule
 (least recently used), one by ``lfu-ghost``'s (least frequently used,
-weighted by cost per size, counts surviving eviction). Each counts the
-embeddings it would have encoded; both counts are halved every
+weighted by cost per size, ranked by the count the real cache's
+``lfu-ghost`` bookkeeping gives the item at its latest acquisition). Each
+counts the embeddings it would have encoded; both counts are halved every
 :data:`SHADOW_HALF_LIFE` acquisitions. The same caches as the Rust core's
 (``src/cache/shadows.rs``), deciding the same.
 """
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-
-from encoder_cache.reference.frequency_memory import FrequencyMemory
 
 __all__ = ["SHADOW_HALF_LIFE", "SHADOW_NEAR_TIE", "Shadows"]
 
@@ -47,7 +46,6 @@ class _ShadowLfu:
         #: identifier -> [count, num_embeds, sequence of its live heap place]
         self.items: dict[str, list[int]] = {}
         self.heap: list[tuple[float, int, str]] = []
-        self.memory = FrequencyMemory()
         self.used = 0
         self.sequence = 0
 
@@ -57,16 +55,15 @@ class _ShadowLfu:
         priority = item[0] * (1.0 + item[1] / self.cost_scale)
         heapq.heappush(self.heap, (priority, self.sequence, identifier))
 
-    def acquire(self, identifier: str, num_embeds: int, capacity: int) -> int:
+    def acquire(self, identifier: str, num_embeds: int, count: int, capacity: int) -> int:
         item = self.items.get(identifier)
         if item is not None:
-            item[0] += 1
+            item[0] = count
             self._place(identifier, item)
             if len(self.heap) > 2 * len(self.items) + 64:
                 self.heap = [p for p in self.heap if self.items.get(p[2], (0, 0, -1))[2] == p[1]]
                 heapq.heapify(self.heap)
             return 0
-        count = self.memory.take(identifier) + 1
         self.used += num_embeds
         while self.used > capacity and self.items:
             _, sequence, victim = heapq.heappop(self.heap)
@@ -74,7 +71,6 @@ class _ShadowLfu:
             if held is not None and held[2] == sequence:
                 del self.items[victim]
                 self.used -= held[1]
-                self.memory.insert(victim, held[0])
         item = [count, num_embeds, 0]
         self._place(identifier, item)
         self.items[identifier] = item
@@ -84,8 +80,7 @@ class _ShadowLfu:
 class Shadows:
     """The two shadow caches and what each would have encoded lately. The
     LFU one ranks as ``lfu-ghost`` does: ``count * (1 + n / cost_scale)``,
-    and remembers the counts of as many evicted items as ``lfu-ghost`` does
-    in a cache of ``capacity`` embeddings."""
+    by the count it is given with each acquisition."""
 
     def __init__(self, capacity: int, cost_scale: float) -> None:
         self._lru = _ShadowLru()
@@ -96,15 +91,14 @@ class Shadows:
         self._acquisitions = 0
 
     def resize(self, capacity: int) -> None:
-        """Both shadows now hold up to ``capacity`` embeddings (from their next
-        miss on), and the LFU one's memory follows (from its next eviction on)."""
+        """Both shadows now hold up to ``capacity`` embeddings (from their next miss on)."""
         self.capacity = capacity
-        self._lfu.memory.sized(capacity)
 
-    def acquire(self, identifier: str, num_embeds: int) -> None:
-        """``identifier`` of ``num_embeds`` was acquired (a hit or an allocation)."""
+    def acquire(self, identifier: str, num_embeds: int, count: int) -> None:
+        """``identifier`` of ``num_embeds`` was acquired (a hit or an allocation),
+        and ``lfu-ghost`` now counts it ``count`` times."""
         self.encoded[0] += self._lru.acquire(identifier, num_embeds, self.capacity)
-        self.encoded[1] += self._lfu.acquire(identifier, num_embeds, self.capacity)
+        self.encoded[1] += self._lfu.acquire(identifier, num_embeds, count, self.capacity)
         self._acquisitions += 1
         if self._acquisitions == SHADOW_HALF_LIFE:
             self._acquisitions = 0
