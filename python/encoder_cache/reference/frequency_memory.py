@@ -1,6 +1,7 @@
-"""What ``lfu-ghost`` and ``duel`` remember of the items they evicted: each one's count of acquisitions, so an item allocated again resumes
-it. The twin of the Rust core's ``src/cache/frequency_memory.rs``: the same
-bound, the same items forgotten, by identifier where Rust keeps 64-bit hashes.
+"""What ``lfu-ghost`` and ``duel`` remember of the items they evicted: each
+one's count of acquisitions, so an item allocated again resumes it. The twin
+of the Rust core's ``src/cache/frequency_memory.rs``: the same bound, the same
+items forgotten, by identifier where Rust keeps 64-bit hashes.
 """
 
 from __future__ import annotations
