@@ -8,6 +8,7 @@ never outlive the requests they describe."""
 from __future__ import annotations
 
 import gc
+import random
 import weakref
 
 import pytest
@@ -552,3 +553,35 @@ def test_feature_list_items_are_kept_alive_only_by_the_records() -> None:
     manager.free(request)
     gc.collect()
     assert gone() is None
+
+
+def test_each_request_finds_its_own_record_as_requests_come_go_and_interleave() -> None:
+    """A call finds its request's record in the slot the last call used, or
+    by the request object; slots are reused as requests go, and renumbered
+    once most are free. Every answer must still be its own request's, read
+    from its record (each item read once)."""
+    manager = encoder_cache.EncoderCacheManager(10**6)
+    rng = random.Random(5)
+    live: dict[str, CountingRequest] = {}
+    made = 0
+    for target in [300, 10, 250, 3, 120, 0]:
+        while len(live) != target:
+            if len(live) < target:
+                size = 1 + made % 97
+                request = CountingRequest(f"r{made}", [CountingFeature(f"item{made}", 0, size)])
+                made += 1
+                live[request.request_id] = request
+                assert manager.can_allocate(request, 0, 10**6, 0)
+                manager.allocate(request, 0)
+            else:
+                manager.free(live.pop(rng.choice(sorted(live))))
+            for name in rng.sample(sorted(live), min(3, len(live))):
+                request = live[name]
+                size = request.mm_features[0].mm_position.length
+                assert manager.get_cached_num_encoder_embeds(request, 0) == size, name
+                assert manager.check_and_update_cache(request, 0), name
+                assert manager.get_cached_input_ids(request) == {0}, name
+                assert request.size_calls == [1], name
+                assert request.mm_features[0].identifier_reads == 1, name
+    assert made == 300 + (250 - 10) + (120 - 3)
+    assert manager.num_freeable_slots == manager.cache_size, "every request freed its item"

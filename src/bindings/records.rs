@@ -214,9 +214,20 @@ impl Items for StepItems<'_> {
 }
 
 /// The records of every request a manager has seen, by request object.
+/// Records sit in slots, found by the request's address through a map, and
+/// the slot a mutable call last used is kept: vLLM makes its calls for one
+/// request's items one after another, so most calls find their record there
+/// by comparing one address, with no hashing.
 #[derive(Default)]
 pub struct Records {
-    by_request: HashMap<usize, RequestRecord>,
+    /// Request object's address -> the slot of its record.
+    by_request: HashMap<usize, u32>,
+    /// The records by slot; `None` in a free slot.
+    slots: Vec<Option<RequestRecord>>,
+    /// The free slots.
+    free: Vec<u32>,
+    /// The slot a mutable call last found or filled (a guess: checked by address).
+    recent: u32,
     /// Record keys, oldest first (some of records gone since).
     age: VecDeque<usize>,
     /// Records that [`Self::put`] pushed out past [`MAX_RECORDS`], for the
@@ -231,30 +242,49 @@ fn address(request: &Bound<'_, PyAny>) -> usize {
 }
 
 impl Records {
+    /// The slot of the record of the object at `key`: the recent slot if
+    /// its record is that object's, else by the map.
+    #[inline]
+    fn slot_of(&self, key: usize) -> Option<u32> {
+        let recent = self.slots.get(self.recent as usize).and_then(Option::as_ref);
+        if recent.is_some_and(|record| record.request.as_ptr() as usize == key) {
+            return Some(self.recent);
+        }
+        self.by_request.get(&key).copied()
+    }
+
     #[inline]
     pub(crate) fn get(&self, request: &Bound<'_, PyAny>) -> Option<&RequestRecord> {
-        self.by_request.get(&address(request))
+        let slot = self.slot_of(address(request))?;
+        self.slots.get(slot as usize)?.as_ref()
     }
 
     #[inline]
     pub(crate) fn get_mut(&mut self, request: &Bound<'_, PyAny>) -> Option<&mut RequestRecord> {
-        self.by_request.get_mut(&address(request))
+        let slot = self.slot_of(address(request))?;
+        self.recent = slot;
+        self.slots.get_mut(slot as usize)?.as_mut()
     }
 
     /// The record of `request`, created with id `id` as needed.
     pub(crate) fn entry(&mut self, request: &Bound<'_, PyAny>, id: &str) -> &mut RequestRecord {
-        let key = address(request);
-        if !self.by_request.contains_key(&key) {
-            return self.put(request, RequestRecord::new(request, id));
+        match self.slot_of(address(request)) {
+            Some(slot) => {
+                self.recent = slot;
+                match &mut self.slots[slot as usize] {
+                    Some(record) => record,
+                    None => unreachable!("a mapped slot holds a record"),
+                }
+            }
+            None => self.put(request, RequestRecord::new(request, id)),
         }
-        self.by_request.get_mut(&key).unwrap_or_else(|| unreachable!("just found"))
     }
 
     /// Makes room for one more record: past [`MAX_RECORDS`], the oldest goes.
     fn make_room(&mut self) {
         while self.by_request.len() >= MAX_RECORDS {
             let Some(oldest) = self.age.pop_front() else { break };
-            if let Some(record) = self.by_request.remove(&oldest) {
+            if let Some(record) = self.remove(oldest) {
                 self.displaced.push(record);
             }
         }
@@ -264,9 +294,16 @@ impl Records {
         }
     }
 
+    /// Takes the record of the object at `key` out of its slot, which is freed.
+    fn remove(&mut self, key: usize) -> Option<RequestRecord> {
+        let slot = self.by_request.remove(&key)?;
+        self.free.push(slot);
+        self.slots.get_mut(slot as usize)?.take()
+    }
+
     /// The record of `request`, taken out for a call to work on.
     pub(crate) fn take(&mut self, request: &Bound<'_, PyAny>) -> Option<RequestRecord> {
-        self.by_request.remove(&address(request))
+        self.remove(address(request))
     }
 
     /// Gives back a record taken out with [`Self::take`], or adds a new one;
@@ -278,15 +315,50 @@ impl Records {
             record.aged = true;
             self.age.push_back(key);
         }
-        self.by_request.entry(key).insert(record).into_mut()
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            // Below MAX_RECORDS: make_room keeps the live records under it, and a slot is added only with none free.
+            #[allow(clippy::cast_possible_truncation)]
+            let slot = (self.slots.len() - 1) as u32;
+            slot
+        });
+        if let Some(displaced) = self.by_request.insert(key, slot) {
+            // The address had a record already: its slot goes back.
+            if let Some(record) = self.slots[displaced as usize].take() {
+                self.displaced.push(record);
+            }
+            self.free.push(displaced);
+        }
+        self.recent = slot;
+        self.slots[slot as usize].insert(record)
     }
 
     /// Takes `request`'s record out for good; the caller drops it (with the
     /// manager not borrowed: the objects it holds may run Python code as they go).
     pub(crate) fn forget(&mut self, request: &Bound<'_, PyAny>) -> Option<RequestRecord> {
-        let record = self.by_request.remove(&address(request));
-        crate::cache::shrink_when_sparse(&mut self.by_request);
+        let record = self.remove(address(request));
+        self.compact_when_sparse();
         record
+    }
+
+    /// Renumbers the records into as few slots once most slots are free.
+    fn compact_when_sparse(&mut self) {
+        if self.slots.len() <= 64 || self.by_request.len() * 4 >= self.slots.len() {
+            return;
+        }
+        let mut slots = Vec::with_capacity(self.by_request.len() * 2);
+        for slot in self.by_request.values_mut() {
+            let record = self.slots.get_mut(*slot as usize).and_then(Option::take);
+            // Fewer than MAX_RECORDS.
+            #[allow(clippy::cast_possible_truncation)]
+            let renumbered = slots.len() as u32;
+            *slot = renumbered;
+            slots.push(record);
+        }
+        self.slots = slots;
+        self.free.clear();
+        self.free.shrink_to_fit();
+        crate::cache::shrink_when_sparse(&mut self.by_request);
     }
 
     /// The records pushed out since the last call, for the caller to drop
@@ -302,7 +374,7 @@ impl Records {
 
     /// The Python objects the records hold, for the garbage collector.
     pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for record in self.by_request.values().chain(&self.displaced) {
+        for record in self.slots.iter().flatten().chain(&self.displaced) {
             visit.call(&record.request)?;
             if let Some(answer) = record.held_ids.as_deref() {
                 visit.call(&answer.set)?;
